@@ -1,0 +1,29 @@
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: venv train test test-slow bench clean
+
+# Build .venv from scratch with exact pins; re-runs only when the pins or the package metadata change.
+venv: $(STAMP)
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,envpool]'
+	touch $(STAMP)
+
+# The default job: PAAC A2C solves CartPole-v1 (mean return of the last 100 episodes >= 475).
+train: venv
+	$(BIN)/conveyor train
+
+test: venv
+	$(BIN)/python -m pytest -q
+
+test-slow: venv
+	$(BIN)/python -m pytest -q -m slow
+
+bench: venv
+	$(BIN)/conveyor bench --suite quick --out bench-results/quick
+
+clean:
+	rm -rf $(VENV) runs bench-results

@@ -1,0 +1,136 @@
+"""Networks: an encoder, an optional LSTM core, and policy/value or dueling-Q heads.
+
+All models take time-major observations ``[T, B, *obs_shape]`` and return a
+``ModelOut``. uint8 observations (Atari frames) are scaled to [0, 1] inside
+the model so storage and transport keep the compact dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from conveyor.config import ConfigError, ModelCfg
+from conveyor.models.encoders import ENCODERS
+from conveyor.models.heads import Categorical, DiagGaussian, ModelOut, PolicyFamily
+
+__all__ = ["ActorCritic", "ModelOut", "Categorical", "DiagGaussian", "PolicyFamily", "make_model", "policy_family"]
+
+
+def policy_family(action_space: gym.Space) -> PolicyFamily:
+    if isinstance(action_space, gym.spaces.Discrete):
+        return Categorical(int(action_space.n))
+    if isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
+        return DiagGaussian(int(action_space.shape[0]))
+    raise ConfigError(f"action space {action_space} is not supported: use a Discrete or 1-D Box action space")
+
+
+def _init_linear(layer: nn.Linear, gain: float) -> nn.Linear:
+    nn.init.orthogonal_(layer.weight, gain)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+class ActorCritic(nn.Module):
+    """Encoder -> [LSTM core] -> policy head + value head (or a dueling Q head).
+
+    ``forward(obs [T, B, ...], state, done [T, B], prev_action [T, B], prev_reward [T, B])``.
+    The LSTM takes the one-hot previous action and the previous reward with the
+    features (R2D2) and resets its state where ``done`` marks a new episode.
+    """
+
+    def __init__(self, obs_shape: tuple[int, ...], action_space: gym.Space, cfg: ModelCfg, dueling: bool = False):
+        super().__init__()
+        self.obs_shape = tuple(obs_shape)
+        self.policy = policy_family(action_space)
+        self.dueling = dueling
+        name = cfg.name
+        if name == "auto":
+            name = "nature_cnn" if len(obs_shape) == 3 else "mlp"
+        if name != "mlp" and len(obs_shape) != 3:
+            raise ConfigError(f"model {name} needs image observations [C, H, W], got shape {obs_shape}: use --model mlp")
+        if name == "mlp" and len(obs_shape) != 1:
+            raise ConfigError(f"model mlp needs flat observations, got shape {obs_shape}: use --model nature_cnn")
+        self.encoder_name = name
+        self.encoder, feat = ENCODERS[name](obs_shape, cfg)
+        self.lstm_size = cfg.lstm_size
+        self.num_actions = self.policy.param_size if self.policy.discrete else 0
+        if self.lstm_size:
+            extra = self.num_actions + 1  # one-hot previous action, previous reward
+            self.core = nn.LSTM(feat + extra, self.lstm_size)
+            feat = self.lstm_size
+        if dueling:
+            if not self.policy.discrete:
+                raise ConfigError("a dueling Q head needs a discrete action space: use a discrete env with r2d2")
+            self.advantage = nn.Sequential(_init_linear(nn.Linear(feat, 512), math.sqrt(2)), nn.ReLU(),
+                                           _init_linear(nn.Linear(512, self.policy.param_size), 1.0))
+            self.state_value = nn.Sequential(_init_linear(nn.Linear(feat, 512), math.sqrt(2)), nn.ReLU(),
+                                             _init_linear(nn.Linear(512, 1), 1.0))
+        else:
+            out = self.policy.param_size if self.policy.discrete else self.policy.action_dim
+            self.policy_head = _init_linear(nn.Linear(feat, out), 0.01)
+            if not self.policy.discrete:
+                self.log_std = nn.Parameter(torch.full((self.policy.action_dim,), -0.5))
+            self.value_head = _init_linear(nn.Linear(feat, 1), 1.0)
+
+    def initial_state(self, batch_size: int, device: torch.device | str = "cpu") -> tuple[Tensor, Tensor] | None:
+        if not self.lstm_size:
+            return None
+        zeros = torch.zeros(1, batch_size, self.lstm_size, device=device)
+        return (zeros, zeros.clone())
+
+    def forward(self, obs: Tensor, state: Any = None, done: Tensor | None = None,
+                prev_action: Tensor | None = None, prev_reward: Tensor | None = None) -> ModelOut:
+        if obs.shape[2:] != self.obs_shape:
+            raise ValueError(f"observation shape {tuple(obs.shape[2:])} does not match the model's {self.obs_shape}")
+        T, B = obs.shape[:2]
+        x = obs.reshape(T * B, *self.obs_shape)
+        x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
+        feat = self.encoder(x).reshape(T, B, -1)
+        if self.lstm_size:
+            feat, state = self._core(feat, state, done, prev_action, prev_reward)
+        if self.dueling:
+            adv = self.advantage(feat)
+            q = self.state_value(feat) + adv - adv.mean(-1, keepdim=True)
+            return ModelOut(self.policy, q, q.max(-1).values, state, q)
+        params = self.policy_head(feat)
+        if not self.policy.discrete:
+            params = torch.cat([params, self.log_std.expand_as(params)], dim=-1)
+        return ModelOut(self.policy, params, self.value_head(feat).squeeze(-1), state)
+
+    def _core(self, feat: Tensor, state: Any, done: Tensor | None, prev_action: Tensor | None,
+              prev_reward: Tensor | None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        T, B = feat.shape[:2]
+        if prev_action is None:
+            prev_action = torch.zeros(T, B, dtype=torch.long, device=feat.device)
+        if prev_reward is None:
+            prev_reward = torch.zeros(T, B, device=feat.device)
+        one_hot = nn.functional.one_hot(prev_action.long(), self.num_actions).float()
+        inputs = torch.cat([feat, one_hot, prev_reward.float().unsqueeze(-1)], dim=-1)
+        if state is None:
+            state = self.initial_state(B, feat.device)
+        if done is None:
+            out, state = self.core(inputs, state)
+            return out, state
+        outputs = []
+        for t in range(T):
+            keep = (1.0 - done[t].float()).view(1, B, 1)
+            state = (state[0] * keep, state[1] * keep)
+            out, state = self.core(inputs[t : t + 1], state)
+            outputs.append(out)
+        return torch.cat(outputs), state
+
+
+def make_model(cfg: ModelCfg, observation_space: gym.Space, action_space: gym.Space, dueling: bool = False) -> ActorCritic:
+    if not isinstance(observation_space, gym.spaces.Box):
+        raise ConfigError(f"observation space {observation_space} is not supported: use a Box observation space")
+    return ActorCritic(tuple(observation_space.shape), action_space, cfg, dueling)
+
+
+def parameter_count(model: nn.Module) -> int:
+    return int(sum(np.prod(p.shape) for p in model.parameters()))

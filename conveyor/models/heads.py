@@ -1,0 +1,141 @@
+"""Policy distributions and the model output every loss reads.
+
+A policy family is stateless: it interprets a parameter tensor ``params``
+(categorical: logits ``[..., A]``; diagonal Gaussian: ``[..., 2A]`` = mean and
+log-std) and offers log-prob, entropy, KL and sampling. Sampling takes an
+optional ``uniform`` tensor so that an external generator can fix the action
+(HTS-RL executors send one uniform per step; the actor samples by inverse CDF).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.nn import functional as F
+
+
+class Categorical:
+    """Discrete actions; ``params`` are logits ``[..., A]``; actions are int64 ``[...]``."""
+
+    discrete = True
+
+    def __init__(self, num_actions: int) -> None:
+        self.num_actions = num_actions
+        self.param_size = num_actions
+
+    def log_prob(self, params: Tensor, actions: Tensor) -> Tensor:
+        logp = F.log_softmax(params, dim=-1)
+        return logp.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+
+    def probs(self, params: Tensor) -> Tensor:
+        return F.softmax(params, dim=-1)
+
+    def entropy(self, params: Tensor) -> Tensor:
+        logp = F.log_softmax(params, dim=-1)
+        return -(logp.exp() * logp).sum(-1)
+
+    def kl(self, p_params: Tensor, q_params: Tensor) -> Tensor:
+        """KL(p || q) per element ``[...]``."""
+        logp = F.log_softmax(p_params, dim=-1)
+        logq = F.log_softmax(q_params, dim=-1)
+        return (logp.exp() * (logp - logq)).sum(-1)
+
+    def sample(self, params: Tensor, uniform: Tensor | None = None, generator: torch.Generator | None = None) -> Tensor:
+        """Inverse-CDF sample: the first action whose cumulative probability exceeds ``uniform`` ``[...]``."""
+        probs = self.probs(params.float())
+        if uniform is None:
+            uniform = torch.rand(probs.shape[:-1], generator=generator, device=probs.device)
+        cdf = probs.cumsum(-1)
+        action = (cdf < uniform.to(cdf.dtype).unsqueeze(-1)).sum(-1)
+        return action.clamp_(max=self.num_actions - 1)
+
+    def mode(self, params: Tensor) -> Tensor:
+        return params.argmax(-1)
+
+    def action_shape(self) -> tuple[int, ...]:
+        return ()
+
+
+class DiagGaussian:
+    """Continuous actions; ``params`` ``[..., 2A]`` = (mean, log_std); actions float ``[..., A]``."""
+
+    discrete = False
+
+    def __init__(self, action_dim: int) -> None:
+        self.action_dim = action_dim
+        self.param_size = 2 * action_dim
+
+    def _split(self, params: Tensor) -> tuple[Tensor, Tensor]:
+        mean, log_std = params.chunk(2, dim=-1)
+        return mean, log_std.clamp(-20.0, 2.0)
+
+    def log_prob(self, params: Tensor, actions: Tensor) -> Tensor:
+        mean, log_std = self._split(params)
+        z = (actions - mean) * torch.exp(-log_std)
+        return (-0.5 * z.pow(2) - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+
+    def entropy(self, params: Tensor) -> Tensor:
+        _, log_std = self._split(params)
+        return (log_std + 0.5 * (1.0 + math.log(2 * math.pi))).sum(-1)
+
+    def kl(self, p_params: Tensor, q_params: Tensor) -> Tensor:
+        pm, pl = self._split(p_params)
+        qm, ql = self._split(q_params)
+        return (ql - pl + (torch.exp(2 * pl) + (pm - qm).pow(2)) / (2 * torch.exp(2 * ql)) - 0.5).sum(-1)
+
+    def sample(self, params: Tensor, uniform: Tensor | None = None, generator: torch.Generator | None = None) -> Tensor:
+        """Sample; ``uniform`` ``[..., A]`` in (0, 1) maps through the normal inverse CDF."""
+        mean, log_std = self._split(params)
+        if uniform is None:
+            noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
+        else:
+            u = uniform.to(mean.dtype).clamp(1e-7, 1 - 1e-7)
+            noise = math.sqrt(2.0) * torch.erfinv(2 * u - 1)
+        return mean + noise * log_std.exp()
+
+    def mode(self, params: Tensor) -> Tensor:
+        return self._split(params)[0]
+
+    def action_shape(self) -> tuple[int, ...]:
+        return (self.action_dim,)
+
+
+PolicyFamily = Categorical | DiagGaussian
+
+
+@dataclass
+class ModelOut:
+    """What a model returns for observations ``[T, B, ...]``.
+
+    ``params``: policy parameters ``[T, B, P]``; ``value``: ``[T, B]``;
+    ``q``: action values ``[T, B, A]`` for Q-learning heads (else None);
+    ``state``: recurrent state after the last step (None without a core).
+    """
+
+    policy: PolicyFamily
+    params: Tensor
+    value: Tensor
+    state: Any = None
+    q: Tensor | None = None
+
+    def log_prob(self, actions: Tensor) -> Tensor:
+        return self.policy.log_prob(self.params, actions)
+
+    def entropy(self) -> Tensor:
+        return self.policy.entropy(self.params)
+
+    def kl_from(self, other_params: Tensor) -> Tensor:
+        """KL(other || self) per step, for the IMPACT target-network penalty."""
+        return self.policy.kl(other_params, self.params)
+
+    def sample(self, uniform: Tensor | None = None, generator: torch.Generator | None = None) -> Tensor:
+        return self.policy.sample(self.params, uniform, generator)
+
+    def time_slice(self, start: int, stop: int | None = None) -> "ModelOut":
+        """The outputs for time steps ``start:stop`` (the state is not sliced)."""
+        q = None if self.q is None else self.q[start:stop]
+        return ModelOut(self.policy, self.params[start:stop], self.value[start:stop], self.state, q)
