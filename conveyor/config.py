@@ -311,8 +311,9 @@ class RunCfg:
     """Architecture settings."""
     total_steps: int = 500_000
     """Env steps (summed over envs) after which training stops."""
-    target_return: float | None = 475.0
-    """Stop early once the mean return of the last 100 episodes reaches this; None never stops early."""
+    target_return: float | None = None
+    """Stop early once the mean return of the last 100 episodes reaches this; None uses the env's registered
+    reward_threshold (CartPole-v1: 475) where it has one; ``inf`` never stops early."""
     time_limit_s: float = 0.0
     """Stop after this many seconds of wall time; 0 means no limit."""
     seed: int = 0
@@ -359,10 +360,10 @@ class RunCfg:
         for key, value in data.items():
             if key in parts:
                 sub = dict(value)
-                if key == "env":
-                    sub["env_args"] = tuple(tuple(kv) for kv in sub.get("env_args", ()))
-                if key == "model":
-                    sub["hidden"] = tuple(sub.get("hidden", ()))
+                if "env_args" in sub:
+                    sub["env_args"] = tuple(tuple(kv) for kv in sub["env_args"])
+                if "hidden" in sub:
+                    sub["hidden"] = tuple(sub["hidden"])
                 kwargs[key] = parts[key](**sub)
             else:
                 kwargs[key] = value

@@ -1,0 +1,56 @@
+"""PAAC (Clemente et al. 2017): synchronous batched advantage actor-critic.
+
+One master holds the model. Each step it runs one batched forward over all
+n_e observations, n_w worker processes step their n_e / n_w envs in shared
+memory, and the transitions go into ``[t_max, n_e]`` storage; after t_max
+steps, one update (A2C: n-step returns; PPO: GAE, epochs x minibatches).
+The policy that acts is always the one being updated: lag 0.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from conveyor.acting import policy_step, step_targets, values_of
+from conveyor.config import RunCfg
+from conveyor.envs import make_vector_env
+from conveyor.models import make_model
+from conveyor.run import Run
+from conveyor.storage.rollout import RolloutStorage
+
+
+def run(cfg: RunCfg) -> dict[str, Any]:
+    with Run(cfg) as run:
+        venv = run.closing(make_vector_env(cfg.env, cfg.seed))
+        model = make_model(cfg.model, venv.single_observation_space, venv.single_action_space)
+        learner = run.learner(model)
+        device = learner.device
+        obs_space = venv.single_observation_space
+        storage = RolloutStorage(cfg.arch.unroll, venv.num_envs, obs_space.shape,
+                                 torch.from_numpy(obs_space.sample()).dtype, model.policy.action_shape(),
+                                 torch.int64 if model.policy.discrete else torch.float32, device)
+        sampler = torch.Generator().manual_seed(cfg.seed)
+        is_ppo = cfg.algo.name == "ppo"
+        epochs, minibatches = (cfg.algo.ppo_epochs, cfg.algo.ppo_minibatches) if is_ppo else (1, 1)
+        obs = torch.as_tensor(venv.reset(), device=device)
+        while not run.should_stop():
+            for t in range(cfg.arch.unroll):
+                with run.timer("act"):
+                    act = policy_step(model, obs, sampler)
+                with run.timer("env"):
+                    step = venv.step(act.actions.cpu().numpy())
+                with run.timer("act"):
+                    rewards, discounts = step_targets(model, step.reward, step.terminated, step.truncated,
+                                                      step.final_obs, cfg.algo.gamma, device)
+                storage.insert(t, obs, act.actions, act.logp, act.value, rewards, discounts, learner.version)
+                obs = torch.as_tensor(step.obs, device=device)
+                run.record_env_step(venv.num_envs, step.episode_return)
+            with run.timer("learn"):
+                # PPO's advantages need V(s_T) under the acting parameters; A2C recomputes it in the loss.
+                storage.insert_last(obs, values_of(model, obs) if is_ppo else None)
+                run.telemetry.add_lag(learner.version, storage.policy_version)
+                metrics = learner.update_epochs(storage.batch(), epochs, minibatches, sampler)
+            run.after_update(learner, metrics)
+        return run.finish(learner)

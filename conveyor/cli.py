@@ -1,0 +1,205 @@
+"""``conveyor train|actor|eval|bench|plot``.
+
+``train`` flags are generated from the config dataclasses, one per field,
+with the field's docstring as help; so the README's configuration table,
+``--help`` and the config never disagree. Expected mistakes (bad values,
+unknown ids, unwritable dirs, corrupt checkpoints) print one line and exit
+with code 2; there is no traceback for them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import json
+import math
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any, Callable
+
+from conveyor.config import AlgoCfg, ArchCfg, ConfigError, EnvCfg, ModelCfg, RunCfg, field_docs
+
+USAGE_ERROR = 2
+
+# Flags whose names differ from their field's name (the rest are --field-name).
+RENAMED_FLAGS = {
+    ("env", "id"): "--env",
+    ("env", "backend"): "--env-backend",
+    ("env", "env_args"): "--env-arg",
+    ("model", "name"): "--model",
+    ("algo", "name"): "--algo",
+    ("algo", "lr"): "--lr",
+    ("arch", "name"): "--arch",
+}
+SECTIONS: dict[str, type] = {"env": EnvCfg, "model": ModelCfg, "algo": AlgoCfg, "arch": ArchCfg}
+
+# Subcommands that live in their own modules: name -> (module, help). Each module has
+# add_arguments(parser) and main(args) -> int.
+EXTERNAL_COMMANDS: dict[str, tuple[str, str]] = {}
+
+
+class UsageError(Exception):
+    """A mistake in the command line; printed as one line, exit code 2."""
+
+
+def _flag(section: str | None, name: str) -> str:
+    return RENAMED_FLAGS.get((section, name)) or "--" + name.replace("_", "-")
+
+
+def _dest(section: str | None, name: str) -> str:
+    return f"{section}.{name}" if section else name
+
+
+def _parse_env_arg(text: str) -> tuple[str, Any]:
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"--env-arg wants KEY=VALUE, got {text!r}")
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw  # a bare string such as dist=exponential
+    return key, value
+
+
+def _parse_optional_float(text: str) -> float | None:
+    if text.lower() == "none":
+        return None
+    return float(text)
+
+
+def _parse_int_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(",") if part)
+
+
+def _add_field(group: argparse._ArgumentGroup, section: str | None, fld: dataclasses.Field, doc: str,
+               hints: dict[str, Any]) -> None:
+    flag, dest = _flag(section, fld.name), _dest(section, fld.name)
+    default = fld.default if fld.default is not dataclasses.MISSING else None
+    help_text = f"{doc.split(chr(10))[0]} (default: {default!r})".replace("%", "%%")
+    hint = hints[fld.name]
+    if hint is bool:
+        group.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+    elif fld.name == "env_args":
+        group.add_argument(flag, dest=dest, action="append", type=_parse_env_arg, metavar="KEY=VALUE", help=help_text)
+    elif typing.get_origin(hint) is tuple:
+        group.add_argument(flag, dest=dest, type=_parse_int_tuple, metavar="N,N", help=help_text)
+    elif typing.get_origin(hint) in (typing.Union, types.UnionType):
+        group.add_argument(flag, dest=dest, type=_parse_optional_float, metavar="X", help=help_text)
+    else:
+        group.add_argument(flag, dest=dest, type=hint, metavar=fld.name.upper(), help=help_text)
+
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    for section, cls in [(None, RunCfg), *SECTIONS.items()]:
+        group = parser.add_argument_group(section or "run")
+        docs = field_docs(cls)
+        hints = typing.get_type_hints(cls)
+        for fld in dataclasses.fields(cls):
+            if section is None and fld.name in SECTIONS:
+                continue
+            _add_field(group, section, fld, docs.get(fld.name, ""), hints)
+
+
+def config_reference() -> str:
+    """The README's configuration table: one row per flag (tests keep the README equal to it)."""
+    rows = ["| flag | field | default | meaning |", "|---|---|---|---|"]
+    for section, cls in [(None, RunCfg), *SECTIONS.items()]:
+        docs = field_docs(cls)
+        for fld in dataclasses.fields(cls):
+            if section is None and fld.name in SECTIONS:
+                continue
+            default = fld.default if fld.default is not dataclasses.MISSING else None
+            doc = " ".join(docs.get(fld.name, "").split())
+            rows.append(f"| `{_flag(section, fld.name)}` | `{_dest(section, fld.name)}` | `{default!r}` | {doc} |")
+    return "\n".join(rows)
+
+
+def config_from_args(args: argparse.Namespace) -> RunCfg:
+    """A RunCfg from the flags that were given; with ``--resume`` the earlier run's config is the base."""
+    given = {k: v for k, v in vars(args).items() if v is not None and k not in ("command", "handler")}
+    base: dict[str, Any] = {}
+    if given.get("resume"):
+        config_file = Path(given["resume"]) / "config.json"
+        if not config_file.is_file():
+            raise UsageError(f"--resume {given['resume']}: no config.json there; pass the --out DIR of an earlier run")
+        base = json.loads(config_file.read_text())
+        base["resume"] = given["resume"]
+        base["out"] = base.get("out") or given["resume"]
+    sections: dict[str, dict[str, Any]] = {name: dict(base.get(name, {})) for name in SECTIONS}
+    top = {k: v for k, v in base.items() if k not in SECTIONS}
+    for dest, value in given.items():
+        section, _, name = dest.rpartition(".")
+        if name == "env_args":
+            value = tuple(value)
+        (sections[section] if section else top)[name] = value
+    data = {**top, **sections}
+    return RunCfg.from_dict(data)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from conveyor import train
+
+    cfg = config_from_args(args)
+    summary = train(cfg)
+    print(_summary_line(summary))
+    return 0
+
+
+def _summary_line(summary: dict[str, Any]) -> str:
+    ret = summary["return_mean_last100"]
+    ret_text = "n/a" if ret is None or (isinstance(ret, float) and math.isnan(ret)) else f"{ret:.1f}"
+    split = summary.get("time_split_fraction", {})
+    split_text = " ".join(f"{k} {v:.0%}" for k, v in split.items())
+    return (f"{summary['arch']}/{summary['algo']} on {summary['env']}: {summary['env_steps']:,} steps in "
+            f"{summary['wall_time_s']:.1f}s ({summary['sps']:.0f} SPS), {summary['episodes']} episodes, "
+            f"return (last 100) {ret_text}, lag mean {summary['policy_lag']['mean']:.2f}; time split: {split_text}; "
+            f"stopped: {summary['stop_reason']}; results in {summary['out']}")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> typing.NoReturn:
+        raise UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="conveyor", description="High-throughput deep RL: paac, ga3c, seed, impact, hts.")
+    commands = parser.add_subparsers(dest="command", parser_class=_Parser)
+    train = commands.add_parser("train", help="train an agent (no flags: PAAC A2C solves CartPole-v1)")
+    add_train_arguments(train)
+    train.set_defaults(handler=cmd_train)
+    for name, (module_name, help_text) in EXTERNAL_COMMANDS.items():
+        sub = commands.add_parser(name, help=help_text)
+        module = importlib.import_module(module_name)
+        module.add_arguments(sub)
+        sub.set_defaults(handler=module.main)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from conveyor.learner import CheckpointError
+
+    expected: tuple[type[BaseException], ...] = (UsageError, ConfigError, CheckpointError)
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if args.command is None:
+            parser.print_help()
+            return USAGE_ERROR
+        handler: Callable[[argparse.Namespace], int] = args.handler
+        return handler(args)
+    except expected as error:
+        print(f"conveyor: error: {error}", file=sys.stderr)
+        return USAGE_ERROR
+    except TypeError as error:
+        # Dataclass construction with a wrongly typed value from a config file.
+        if "__init__()" in str(error):
+            print(f"conveyor: error: invalid configuration ({error})", file=sys.stderr)
+            return USAGE_ERROR
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

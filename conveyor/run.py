@@ -1,0 +1,182 @@
+"""What every architecture's run shares: output directory, seeding, the learner
+with resume, stop conditions, signals, periodic checkpoints and the summary.
+
+An architecture wires its own parts inside ``with Run(cfg) as run:`` and
+returns ``run.finish(learner)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from conveyor import algos
+from conveyor.config import ConfigError, RunCfg
+from conveyor.learner import Learner, latest_checkpoint, load_checkpoint
+from conveyor.telemetry import Telemetry
+
+
+def prepare_out_dir(cfg: RunCfg) -> Path:
+    """Create (or reuse, on resume) the output directory and check it is writable."""
+    if cfg.resume and not cfg.out:
+        out = Path(cfg.resume)
+    elif cfg.out:
+        out = Path(cfg.out)
+    else:
+        env_name = cfg.env.id.replace("/", "_")
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        out = Path("runs") / f"{cfg.arch.name}-{cfg.algo.name}-{env_name}-s{cfg.seed}-{stamp}"
+    try:
+        (out / "checkpoints").mkdir(parents=True, exist_ok=True)
+        probe = out / ".write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as error:
+        raise ConfigError(f"output dir {out} is not writable ({error.strerror}): pass --out a writable directory") from None
+    return out
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def resolve_target_return(cfg: RunCfg) -> float | None:
+    """``cfg.target_return``, else the env's registered reward_threshold (None when it has none)."""
+    if cfg.target_return is not None:
+        return cfg.target_return
+    import gymnasium as gym
+
+    try:
+        return gym.spec(cfg.env.id).reward_threshold
+    except gym.error.Error:
+        return None
+
+
+class Run:
+    """Context for one training run; see the module docstring."""
+
+    def __init__(self, cfg: RunCfg):
+        self.cfg = cfg
+        self.out = prepare_out_dir(cfg)
+        (self.out / "config.json").write_text(cfg.to_json())
+        seed_everything(cfg.seed)
+        torch.set_num_threads(cfg.torch_threads or max(1, os.cpu_count() or 1))
+        # Read the checkpoint before any worker starts, so a bad one fails fast.
+        self.resume_path = latest_checkpoint(Path(cfg.resume)) if cfg.resume else None
+        self.resume_state: dict[str, Any] = load_checkpoint(self.resume_path) if self.resume_path else {}
+        self.telemetry = Telemetry(self.out, log_interval_s=cfg.log_interval_s, progress=cfg.progress,
+                                   total_steps=cfg.total_steps)
+        self.stop_event = threading.Event()
+        self.stop_reason = ""
+        self._closers: list[Any] = []
+        self._previous_handlers: dict[int, Any] = {}
+        self._next_checkpoint = cfg.checkpoint_every or 0
+        self.target_return = resolve_target_return(cfg)
+
+    # ---- lifecycle -----------------------------------------------------------------------
+    def __enter__(self) -> "Run":
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous_handlers[sig] = signal.signal(sig, self._on_signal)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for closer in reversed(self._closers):
+            with contextlib.suppress(Exception):
+                closer()
+        for sig, handler in self._previous_handlers.items():
+            signal.signal(sig, handler)
+        self.telemetry.close()
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self.request_stop(f"signal {signal.Signals(signum).name}")
+
+    def request_stop(self, reason: str) -> None:
+        if not self.stop_event.is_set():
+            self.stop_reason = reason
+            self.stop_event.set()
+
+    def closing(self, resource: Any) -> Any:
+        """Close ``resource`` (anything with ``close()``) when the run ends, in reverse order."""
+        self._closers.append(resource.close)
+        return resource
+
+    def timer(self, bucket: str) -> Any:
+        return self.telemetry.timer(bucket)
+
+    # ---- learner -------------------------------------------------------------------------
+    def learner(self, model: nn.Module, loss_fn: Any = None) -> Learner:
+        """The run's learner; restored from the latest checkpoint when ``cfg.resume`` is set."""
+        learner = Learner(model, loss_fn or algos.make_loss(self.cfg), self.cfg)
+        if self.resume_path:
+            state = self.resume_state
+            learner.restore(state, self.resume_path)
+            self.telemetry.env_steps = self.telemetry._start_steps = int(state.get("env_steps", 0))
+            self.telemetry._last_log_steps = self.telemetry.env_steps
+            self.telemetry.episodes = int(state.get("episodes", 0))
+            self._next_checkpoint = self.telemetry.env_steps + (self.cfg.checkpoint_every or 0)
+        return learner
+
+    # ---- per step ------------------------------------------------------------------------
+    def record_env_step(self, num_envs: int, episode_returns: np.ndarray) -> None:
+        self.telemetry.add_steps(num_envs)
+        self.telemetry.add_episodes(episode_returns)
+
+    def after_update(self, learner: Learner, metrics: dict[str, float]) -> None:
+        self.telemetry.add_update(metrics)
+        self.telemetry.maybe_log()
+        if self.cfg.checkpoint_every and self.telemetry.env_steps >= self._next_checkpoint:
+            self.checkpoint(learner)
+            self._next_checkpoint += self.cfg.checkpoint_every
+
+    def should_stop(self) -> bool:
+        cfg, tel = self.cfg, self.telemetry
+        if self.stop_event.is_set():
+            return True
+        if tel.env_steps >= cfg.total_steps:
+            self.request_stop("total_steps reached")
+        elif self.target_return is not None and len(tel.returns) >= 100 and tel.return_mean_last100 >= self.target_return:
+            self.request_stop("target_return reached")
+        elif cfg.time_limit_s and tel.wall_time_s >= cfg.time_limit_s:
+            self.request_stop("time_limit_s reached")
+        return self.stop_event.is_set()
+
+    # ---- output --------------------------------------------------------------------------
+    def checkpoint(self, learner: Learner, **extra: Any) -> Path:
+        tel = self.telemetry
+        path = self.out / "checkpoints" / f"ckpt-{tel.env_steps:012d}.pt"
+        learner.save(path, env_steps=tel.env_steps, episodes=tel.episodes, wall_time_s=tel.wall_time_s, **extra)
+        periodic = sorted((self.out / "checkpoints").glob("ckpt-*.pt"))
+        for old in periodic[: max(0, len(periodic) - self.cfg.keep_checkpoints)]:
+            old.unlink()
+        return path
+
+    def finish(self, learner: Learner, **extra: Any) -> dict[str, Any]:
+        """Final checkpoint, summary.json; returns the summary."""
+        self.checkpoint(learner)
+        self.telemetry.maybe_log(force=True)
+        summary = self.telemetry.summary(
+            arch=self.cfg.arch.name,
+            algo=self.cfg.algo.name,
+            env=self.cfg.env.id,
+            seed=self.cfg.seed,
+            param_sha256=learner.param_sha256(),
+            learner_version=learner.version,
+            stop_reason=self.stop_reason or "finished",
+            out=str(self.out),
+            **extra,
+        )
+        self.telemetry.write_summary(summary)
+        return summary

@@ -1,0 +1,229 @@
+"""Run telemetry: episode returns, policy lag, time split, throughput.
+
+One ``Telemetry`` per run writes ``metrics.csv`` (a row per log interval),
+TensorBoard events, a console progress line, and ``summary.json``. The key
+names of ``summary.json`` are an interface read by ``conveyor bench`` and
+``conveyor eval``: ``env_steps``, ``wall_time_s``, ``sps``, ``episodes``,
+``return_mean_last100``, ``policy_lag`` {``mean``, ``max``, ``histogram``},
+``param_sha256``, ``time_split`` and ``restarts``.
+
+Thread-safe: async architectures report from several threads.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import csv
+import json
+import math
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+# The time-split buckets every architecture reports (PAAC paper fig. 2).
+TIME_BUCKETS = ("env", "act", "learn", "wait")
+
+
+class Telemetry:
+    def __init__(self, out_dir: Path, *, log_interval_s: float = 2.0, progress: bool = True,
+                 total_steps: int = 0, tensorboard: bool = True, start_steps: int = 0, start_episodes: int = 0):
+        self.out_dir = Path(out_dir)
+        self.log_interval_s = log_interval_s
+        self.progress = progress and sys.stderr.isatty()
+        self.total_steps = total_steps
+        self.start_time = time.perf_counter()
+        self._lock = threading.Lock()
+        self.env_steps = start_steps
+        self._start_steps = start_steps
+        self.episodes = start_episodes
+        self.updates = 0
+        self.restarts = 0
+        self.env_errors = 0
+        self.returns: collections.deque[float] = collections.deque(maxlen=100)
+        self.return_curve: list[tuple[int, float, float]] = []  # (env_steps, wall_s, return) per episode
+        self.lag_histogram: collections.Counter[int] = collections.Counter()
+        self.time_split = {bucket: 0.0 for bucket in TIME_BUCKETS}
+        self.counters: collections.Counter[str] = collections.Counter()
+        self.gauges: dict[str, float] = {}
+        self.last_metrics: dict[str, float] = {}
+        self._last_log_time = self.start_time
+        self._last_log_steps = start_steps
+        self._csv_file = open(self.out_dir / "metrics.csv", "a", newline="")
+        self._csv_writer: csv.DictWriter | None = None
+        self._tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(self.out_dir / "tb"))
+
+    # ---- recording -----------------------------------------------------------------------
+    @contextlib.contextmanager
+    def timer(self, bucket: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            elapsed = time.perf_counter() - start
+            with self._lock:
+                self.time_split[bucket] += elapsed
+
+    def add_steps(self, steps: int) -> None:
+        with self._lock:
+            self.env_steps += steps
+
+    def add_episodes(self, episode_returns: np.ndarray) -> None:
+        """Record finished episodes; ``episode_returns`` may hold NaN for envs that did not finish."""
+        finished = episode_returns[~np.isnan(episode_returns)]
+        if not len(finished):
+            return
+        now = time.perf_counter() - self.start_time
+        with self._lock:
+            for value in finished.tolist():
+                self.returns.append(value)
+                self.return_curve.append((self.env_steps, now, value))
+            self.episodes += len(finished)
+
+    def add_lag(self, learner_version: int, policy_versions: np.ndarray) -> None:
+        """Record lag = learner version minus the version that chose each action."""
+        lags = learner_version - np.asarray(policy_versions).reshape(-1)
+        values, counts = np.unique(lags, return_counts=True)
+        with self._lock:
+            for lag, count in zip(values.tolist(), counts.tolist()):
+                self.lag_histogram[int(lag)] += int(count)
+
+    def add_update(self, metrics: dict[str, float]) -> None:
+        with self._lock:
+            self.updates += 1
+            self.last_metrics = metrics
+
+    def count(self, name: str, amount: int = 1) -> None:
+        with self._lock:
+            self.counters[name] += amount
+
+    def gauge(self, name: str, value: float) -> None:
+        with self._lock:
+            self.gauges[name] = float(value)
+
+    # ---- derived -------------------------------------------------------------------------
+    @property
+    def wall_time_s(self) -> float:
+        return time.perf_counter() - self.start_time
+
+    @property
+    def return_mean_last100(self) -> float:
+        with self._lock:
+            return float(np.mean(self.returns)) if self.returns else float("nan")
+
+    def lag_summary(self) -> dict[str, Any]:
+        with self._lock:
+            hist = dict(sorted(self.lag_histogram.items()))
+        total = sum(hist.values())
+        mean = sum(k * v for k, v in hist.items()) / total if total else 0.0
+        return {"mean": mean, "max": max(hist) if hist else 0, "histogram": {str(k): v for k, v in hist.items()}}
+
+    # ---- output --------------------------------------------------------------------------
+    def maybe_log(self, force: bool = False) -> None:
+        now = time.perf_counter()
+        if not force and now - self._last_log_time < self.log_interval_s:
+            return
+        with self._lock:
+            interval_sps = (self.env_steps - self._last_log_steps) / max(now - self._last_log_time, 1e-9)
+            self._last_log_time, self._last_log_steps = now, self.env_steps
+            row: dict[str, float] = {
+                "env_steps": self.env_steps,
+                "wall_time_s": now - self.start_time,
+                "sps": interval_sps,
+                "episodes": self.episodes,
+                "updates": self.updates,
+                "return_mean_last100": float(np.mean(self.returns)) if self.returns else float("nan"),
+                **{f"time_{k}": v for k, v in self.time_split.items()},
+                **{f"loss/{k}": v for k, v in self.last_metrics.items()},
+                **self.gauges,
+                **{f"count/{k}": v for k, v in self.counters.items()},
+            }
+        lag = self.lag_summary()
+        row["lag_mean"], row["lag_max"] = lag["mean"], lag["max"]
+        self._write_csv(row)
+        if self._tb is not None:
+            for key, value in row.items():
+                if key != "env_steps" and isinstance(value, (int, float)) and math.isfinite(value):
+                    self._tb.add_scalar(key, value, int(row["env_steps"]))
+        if self.progress:
+            self._print_progress(row)
+
+    def _write_csv(self, row: dict[str, float]) -> None:
+        if self._csv_writer is None or set(row) - set(self._csv_writer.fieldnames):
+            # New keys (e.g. a loss metric that appears after warm-up) start a new header block.
+            self._csv_writer = csv.DictWriter(self._csv_file, fieldnames=list(row), extrasaction="ignore")
+            self._csv_writer.writeheader()
+        self._csv_writer.writerow(row)
+        self._csv_file.flush()
+
+    def _print_progress(self, row: dict[str, float]) -> None:
+        done = row["env_steps"] / self.total_steps if self.total_steps else 0.0
+        width = 24
+        bar = "#" * int(width * min(done, 1.0))
+        ret = row["return_mean_last100"]
+        sys.stderr.write(
+            f"\r[{bar:<{width}}] {int(row['env_steps']):>10,d} steps  {row['sps']:>8.0f} SPS  "
+            f"return {ret:>8.2f}  lag {row['lag_mean']:.2f}/{int(row['lag_max'])}  {row['wall_time_s']:>6.1f}s "
+        )
+        sys.stderr.flush()
+
+    def summary(self, **extra: Any) -> dict[str, Any]:
+        wall = self.wall_time_s
+        total_time = sum(self.time_split.values()) or 1.0
+        summary = {
+            "env_steps": self.env_steps,
+            "wall_time_s": wall,
+            "sps": (self.env_steps - self._start_steps) / max(wall, 1e-9),
+            "episodes": self.episodes,
+            "updates": self.updates,
+            "return_mean_last100": self.return_mean_last100,
+            "policy_lag": self.lag_summary(),
+            "time_split": {k: v for k, v in self.time_split.items()},
+            "time_split_fraction": {k: v / total_time for k, v in self.time_split.items()},
+            "restarts": self.restarts,
+            "env_errors": self.env_errors,
+            "counters": dict(self.counters),
+            "gauges": dict(self.gauges),
+            "last_metrics": dict(self.last_metrics),
+        }
+        summary.update(extra)
+        return summary
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        write_json_atomic(self.out_dir / "summary.json", summary)
+        curve = np.array(self.return_curve, dtype=np.float64).reshape(-1, 3)
+        np.savetxt(self.out_dir / "returns.csv", curve, delimiter=",", header="env_steps,wall_time_s,return",
+                   comments="", fmt=["%d", "%.3f", "%.3f"])
+
+    def close(self) -> None:
+        if self.progress:
+            sys.stderr.write("\n")
+        if self._tb is not None:
+            self._tb.close()
+        self._csv_file.close()
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    tmp = Path(f"{path}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=True, default=_json_default)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (np.floating,)):
+        return float(value)
+    return str(value)
