@@ -1,0 +1,48 @@
+"""Algorithms: ``make_loss(cfg)`` -> ``f(model_out, batch) -> (loss, metrics)``.
+
+One module per ``cfg.algo.name`` (a2c, ppo, vtrace, impact, r2d2, ga3c). ``model_out``
+is the model's output on ``batch["obs"]`` ``[T + 1, B, ...]`` (the last step is the
+bootstrap observation); ``batch`` holds time-major tensors ``actions [T, B(, A)]``,
+``rewards [T, B]``, ``discounts [T, B]``, ``behaviour_logp [T, B]``,
+``behaviour_value [T + 1, B]`` and what each algorithm documents on top. The
+loss is a scalar tensor; metrics are detached 0-dim tensors (R2D2 adds its
+``[B]`` priorities). Losses never step optimizers or log.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Callable
+
+from torch import Tensor
+
+from conveyor.config import ALGOS, RunCfg
+from conveyor.models.heads import ModelOut
+
+LossFn = Callable[[ModelOut, dict[str, Tensor]], tuple[Tensor, dict[str, Tensor]]]
+
+__all__ = ["LossFn", "batch_series", "make_loss", "rollout_length"]
+
+
+def make_loss(cfg: RunCfg) -> LossFn:
+    """The loss function of ``cfg.algo.name``."""
+    if cfg.algo.name not in ALGOS:
+        raise ValueError(f"unknown algo {cfg.algo.name!r}: choose one of {', '.join(ALGOS)}")
+    # Imported on demand: the algorithm modules import the helpers below from this package.
+    return importlib.import_module(f"conveyor.algos.{cfg.algo.name}").make_loss(cfg)
+
+
+def rollout_length(model_out: ModelOut, batch: dict[str, Tensor]) -> int:
+    """T, the acting steps of ``batch``; checks that ``model_out`` covers the T + 1 observations."""
+    T = batch["rewards"].shape[0]
+    if model_out.value.shape[0] != T + 1:
+        raise ValueError(f"model_out has {model_out.value.shape[0]} time steps, expected T + 1 = {T + 1}: "
+                         "run the model on all of batch['obs'], bootstrap observation included")
+    return T
+
+
+def batch_series(batch: dict[str, Tensor], key: str, like: Tensor) -> Tensor:
+    """``batch[key]`` in the dtype of the model output ``like``, so the return ops see one dtype."""
+    if key not in batch:
+        raise KeyError(f"the batch has no {key!r}: the architecture must provide it for this algorithm")
+    return batch[key].to(like.dtype)

@@ -1,0 +1,36 @@
+"""A2C as in PAAC (Clemente et al. 2017, algorithm 1): n-step returns, policy gradient, value, entropy.
+
+``loss = pg + value_coef * value - entropy_coef * entropy`` with
+``G_t = r_t + d_t G_{t+1}`` bootstrapped from V(s_T) and advantages ``G_t - V(s_t)``.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from conveyor.algos import LossFn, batch_series, rollout_length
+from conveyor.config import RunCfg
+from conveyor.losses import entropy_loss, policy_gradient_loss, value_loss
+from conveyor.models.heads import ModelOut
+from conveyor.returns import nstep_returns
+
+
+def make_loss(cfg: RunCfg) -> LossFn:
+    algo = cfg.algo
+
+    def loss_fn(model_out: ModelOut, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        T = rollout_length(model_out, batch)
+        values = model_out.value
+        acting = model_out.time_slice(0, T)
+        returns = nstep_returns(batch_series(batch, "rewards", values), batch_series(batch, "discounts", values),
+                                values[T].detach())
+        advantages = returns - values[:T]
+        policy = policy_gradient_loss(acting.log_prob(batch["actions"]), advantages)
+        value = value_loss(values[:T], returns)
+        entropy = acting.entropy().mean()
+        loss = policy + algo.value_coef * value + algo.entropy_coef * entropy_loss(entropy)
+        metrics = {"loss": loss, "policy_loss": policy, "value_loss": value, "entropy": entropy,
+                   "advantage_mean": advantages.mean()}
+        return loss, {name: m.detach() for name, m in metrics.items()}
+
+    return loss_fn

@@ -1,0 +1,51 @@
+"""PPO (Schulman et al. 2017) with GAE(lambda); the HTS-RL and PAAC variant of the on-policy update.
+
+Advantages come from the values recorded at acting time (``batch["behaviour_value"]``
+``[T + 1, B]``), so they stay fixed across epochs and minibatches;
+``returns = advantages + behaviour_value[:T]`` are the value targets.
+``loss = ppo_clip(exp(logp - behaviour_logp), A) + value_coef * value - entropy_coef * entropy``;
+advantages are normalized per call when ``cfg.algo.normalize_advantages``.
+Minibatching (by env columns) happens outside: any B works.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from conveyor.algos import LossFn, batch_series, rollout_length
+from conveyor.config import RunCfg
+from conveyor.losses import entropy_loss, normalize_advantages, ppo_clip_loss, value_loss
+from conveyor.models.heads import ModelOut
+from conveyor.returns import gae
+
+
+def make_loss(cfg: RunCfg) -> LossFn:
+    algo = cfg.algo
+
+    def loss_fn(model_out: ModelOut, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        T = rollout_length(model_out, batch)
+        values = model_out.value
+        behaviour_value = batch_series(batch, "behaviour_value", values)
+        advantages = gae(batch_series(batch, "rewards", values), batch_series(batch, "discounts", values),
+                         behaviour_value[:T], behaviour_value[T], algo.gae_lambda)
+        returns = advantages + behaviour_value[:T]
+        if algo.normalize_advantages:
+            advantages = normalize_advantages(advantages)
+        acting = model_out.time_slice(0, T)
+        log_ratio = acting.log_prob(batch["actions"]) - batch_series(batch, "behaviour_logp", values)
+        ratio = torch.exp(log_ratio)
+        policy = ppo_clip_loss(ratio, advantages, algo.clip)
+        value = value_loss(values[:T], returns)
+        entropy = acting.entropy().mean()
+        loss = policy + algo.value_coef * value + algo.entropy_coef * entropy_loss(entropy)
+        metrics = {
+            "loss": loss, "policy_loss": policy, "value_loss": value, "entropy": entropy,
+            "ratio_mean": ratio.mean(), "ratio_max": ratio.max(),
+            "clip_fraction": ((ratio - 1).abs() > algo.clip).to(ratio.dtype).mean(),
+            # Schulman's k3 estimator of KL(behaviour || current): unbiased and never negative.
+            "approx_kl": (ratio - 1 - log_ratio).mean(),
+        }
+        return loss, {name: m.detach() for name, m in metrics.items()}
+
+    return loss_fn

@@ -1,0 +1,215 @@
+"""Loss terms: pure functions of tensors, each a scalar to minimise (or a per-element term).
+
+Targets and advantages are detached inside every term, so a caller can pass
+tensors that still carry gradients without leaking them into the target.
+Shapes are ``[T, B]`` unless noted; any matching shapes work where a term
+only averages.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from conveyor.returns import value_rescale, value_rescale_inverse
+
+__all__ = [
+    "entropy_loss", "ga3c_entropy", "ga3c_policy_loss", "impact_ratio", "normalize_advantages",
+    "policy_gradient_loss", "ppo_clip_loss", "r2d2_targets", "sequence_priorities", "value_loss",
+]
+
+
+def _check_same_shape(op: str, **tensors: Tensor) -> None:
+    (first_name, first), *rest = tensors.items()
+    for name, tensor in rest:
+        if tensor.shape != first.shape:
+            raise ValueError(f"{op}: {name} has shape {tuple(tensor.shape)}, expected {tuple(first.shape)} "
+                             f"like {first_name}")
+
+
+def policy_gradient_loss(logp: Tensor, advantages: Tensor) -> Tensor:
+    """REINFORCE with a baseline (Williams 1992; A3C / PAAC): ``-mean(logp * advantages)``.
+
+    Args:
+        logp: ``[T, B]``, log pi(a_t | s_t), differentiable.
+        advantages: ``[T, B]``, detached here.
+    """
+    _check_same_shape("policy_gradient_loss", logp=logp, advantages=advantages)
+    return -(logp * advantages.detach()).mean()
+
+
+def value_loss(values: Tensor, targets: Tensor) -> Tensor:
+    """Squared error ``0.5 * mean((values - targets)^2)``; ``targets`` ``[T, B]`` are detached."""
+    _check_same_shape("value_loss", values=values, targets=targets)
+    return 0.5 * (values - targets.detach()).pow(2).mean()
+
+
+def entropy_loss(entropy: Tensor) -> Tensor:
+    """``-mean(entropy)``: minimising it maximises the entropy bonus (A3C). ``entropy`` is ``[T, B]``."""
+    return -entropy.mean()
+
+
+def normalize_advantages(advantages: Tensor, eps: float = 1e-8) -> Tensor:
+    """``(A - mean(A)) / (std(A) + eps)`` over all elements, detached (PPO implementations).
+
+    The population std (no Bessel correction) keeps a single-element batch finite.
+    """
+    advantages = advantages.detach()
+    return (advantages - advantages.mean()) / (advantages.std(correction=0) + eps)
+
+
+def ppo_clip_loss(ratio: Tensor, advantages: Tensor, clip: float) -> Tensor:
+    """PPO clipped surrogate (Schulman et al. 2017, eq. 7), negated to be minimised.
+
+    ``-mean(min(r A, clip(r, 1 - clip, 1 + clip) A))``.
+
+    Args:
+        ratio: ``[T, B]``, pi_theta / pi_old (or the IMPACT ratio), differentiable.
+        advantages: ``[T, B]``, detached here.
+        clip: epsilon > 0.
+    """
+    _check_same_shape("ppo_clip_loss", ratio=ratio, advantages=advantages)
+    if not clip > 0:
+        raise ValueError(f"ppo_clip_loss: clip must be positive, got {clip}")
+    advantages = advantages.detach()
+    unclipped = ratio * advantages
+    clipped = ratio.clamp(1 - clip, 1 + clip) * advantages
+    return -torch.minimum(unclipped, clipped).mean()
+
+
+def impact_ratio(learner_logp: Tensor, target_logp: Tensor, worker_logp: Tensor, rho: float) -> Tensor:
+    """IMPACT's clipped-target ratio ``pi_learner / max(pi_target, pi_worker / rho)`` (Luo et al. 2020, J_AIS).
+
+    Equals ``min(pi_worker / pi_target, rho) * pi_learner / pi_worker``. Computed
+    as ``exp(learner_logp - max(target_logp, worker_logp - log rho))`` so tiny
+    probabilities (log-probs of -200 in float32) give a finite ratio instead
+    of 0/0.
+
+    Args:
+        learner_logp: ``[T, B]``, log-probs under the learner, differentiable.
+        target_logp: ``[T, B]``, under the target network (detached here).
+        worker_logp: ``[T, B]``, under the worker that acted (detached here).
+        rho: the worker-ratio bound, >= 1 in the paper (beta = 1 / rho).
+
+    Returns:
+        ``[T, B]`` ratio; gradients flow to ``learner_logp`` only.
+    """
+    _check_same_shape("impact_ratio", learner_logp=learner_logp, target_logp=target_logp, worker_logp=worker_logp)
+    if not rho > 0:
+        raise ValueError(f"impact_ratio: rho must be positive, got {rho}")
+    log_denominator = torch.maximum(target_logp.detach(), worker_logp.detach() - math.log(rho))
+    return torch.exp(learner_logp - log_denominator)
+
+
+def _check_probs(op: str, probs: Tensor, eps: float) -> None:
+    if probs.dim() < 1:
+        raise ValueError(f"{op}: probs must be [..., A], got a scalar")
+    if not eps > 0:
+        raise ValueError(f"{op}: eps must be positive, got {eps}")
+
+
+def ga3c_policy_loss(probs: Tensor, actions: Tensor, advantages: Tensor, eps: float) -> Tensor:
+    """GA3C policy term ``-mean(log(pi(a_t | s_t) + eps) * A_t)`` (Babaeizadeh et al. 2017, eq. 5).
+
+    The eps bounds ``d log(pi + eps) / d pi`` by ``1 / eps`` when a lagged
+    policy has made the taken action nearly impossible.
+
+    Args:
+        probs: ``[T, B, A]`` action probabilities, differentiable.
+        actions: ``[T, B]`` int64.
+        advantages: ``[T, B]``, ``R_t - V(s_t)``, detached here.
+        eps: > 0.
+    """
+    _check_probs("ga3c_policy_loss", probs, eps)
+    if actions.shape != probs.shape[:-1] or advantages.shape != probs.shape[:-1]:
+        raise ValueError(f"ga3c_policy_loss: actions {tuple(actions.shape)} and advantages {tuple(advantages.shape)} "
+                         f"must both have shape {tuple(probs.shape[:-1])} (probs without its action axis)")
+    taken = probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+    return -(torch.log(taken + eps) * advantages.detach()).mean()
+
+
+def ga3c_entropy(probs: Tensor, eps: float) -> Tensor:
+    """GA3C entropy ``-sum_a pi_a log(pi_a + eps)`` (Babaeizadeh et al. 2017, eq. 5), per state.
+
+    Args:
+        probs: ``[..., A]`` action probabilities.
+        eps: > 0, the same as in ``ga3c_policy_loss``.
+
+    Returns:
+        ``[...]`` entropies (finite and differentiable even at pi_a = 0).
+    """
+    _check_probs("ga3c_entropy", probs, eps)
+    return -(probs * torch.log(probs + eps)).sum(-1)
+
+
+def r2d2_targets(rewards: Tensor, discounts: Tensor, online_q: Tensor, target_q: Tensor, *, n: int,
+                 eps: float = 1e-3) -> Tensor:
+    """R2D2 transformed n-step double-Q targets (Kapturowski et al. 2019; SEED RL section 3.2).
+
+    For each step t, with ``m = min(n, T - t)`` steps left in the sequence and
+    ``D_{t,k} = d_t d_{t+1} ... d_{t+k-1}`` (``D_{t,0} = 1``)::
+
+        a* = argmax_a online_q[t + m, a]
+        target_t = h( sum_{k<m} D_{t,k} r_{t+k} + D_{t,m} h^-1(target_q[t + m, a*]) )
+
+    h is ``value_rescale``. ``d = gamma * (1 - terminated)`` multiplies through,
+    so an episode end stops both the sum and the bootstrap. Steps with fewer
+    than n steps left bootstrap from the last state s_T with the steps
+    available (as rlax's n-step targets do), so every target is valid and no
+    mask is needed.
+
+    Args:
+        rewards: ``[T, B]``.
+        discounts: ``[T, B]``.
+        online_q: ``[T + 1, B, A]``, online-network Q values (rescaled space) at
+            s_0..s_T; only used for the argmax, row 0 is never a bootstrap.
+        target_q: ``[T + 1, B, A]``, target-network Q values at s_0..s_T.
+        n: steps before bootstrapping, >= 1.
+        eps: value-rescaling epsilon.
+
+    Returns:
+        ``[T, B]`` targets in rescaled space, detached.
+    """
+    if rewards.dim() != 2 or rewards.shape[0] < 1:
+        raise ValueError(f"r2d2_targets: rewards must be [T, B] with T >= 1, got shape {tuple(rewards.shape)}")
+    _check_same_shape("r2d2_targets", rewards=rewards, discounts=discounts)
+    T, B = rewards.shape
+    if online_q.dim() != 3 or online_q.shape[:2] != (T + 1, B):
+        raise ValueError(f"r2d2_targets: online_q must be [T + 1, B, A] = [{T + 1}, {B}, A], "
+                         f"got shape {tuple(online_q.shape)}")
+    _check_same_shape("r2d2_targets", online_q=online_q, target_q=target_q)
+    if n < 1:
+        raise ValueError(f"r2d2_targets: n must be >= 1, got {n}")
+    rewards, discounts, online_q, target_q = (x.detach() for x in (rewards, discounts, online_q, target_q))
+
+    greedy = online_q.argmax(-1, keepdim=True)
+    bootstrap = value_rescale_inverse(target_q.gather(-1, greedy).squeeze(-1), eps)  # [T + 1, B]
+    # Pad past the end: zero reward, unit discount and the last bootstrap repeated, so a step with m < n
+    # steps left sums exactly its m real steps and bootstraps from s_T.
+    rewards = torch.cat([rewards, rewards.new_zeros(n - 1, B)])
+    discounts = torch.cat([discounts, discounts.new_ones(n - 1, B)])
+    bootstrap = torch.cat([bootstrap, bootstrap[-1:].expand(n - 1, B)])
+    returns = bootstrap[n : n + T]
+    for k in reversed(range(n)):
+        returns = rewards[k : k + T] + discounts[k : k + T] * returns
+    return value_rescale(returns, eps)
+
+
+def sequence_priorities(td_errors: Tensor, eta: float) -> Tensor:
+    """R2D2 sequence priority ``eta * max_t |delta_t| + (1 - eta) * mean_t |delta_t|`` (SEED RL table 8).
+
+    Args:
+        td_errors: ``[T, B]``.
+        eta: mix in [0, 1] (paper: 0.9).
+
+    Returns:
+        ``[B]`` priorities, detached.
+    """
+    if td_errors.dim() != 2:
+        raise ValueError(f"sequence_priorities: td_errors must be [T, B], got shape {tuple(td_errors.shape)}")
+    if not 0.0 <= eta <= 1.0:
+        raise ValueError(f"sequence_priorities: eta must lie in [0, 1], got {eta}")
+    magnitude = td_errors.detach().abs()
+    return eta * magnitude.max(0).values + (1 - eta) * magnitude.mean(0)
