@@ -23,6 +23,12 @@ MODELS = ("auto", "mlp", "nips_cnn", "nature_cnn", "impala_resnet")
 ENV_BACKENDS = ("shm", "envpool")
 OPTIMIZERS = ("rmsprop", "adam")
 IMPACT_RATIOS = ("target", "worker", "impact")
+# IMPACT paper comparison presets (`--preset`): the arch fields and the algorithm each one fixes.
+IMPACT_PRESETS: dict[str, tuple[dict[str, Any], str]] = {
+    "impact": ({"use_target_network": True}, "impact"),
+    "appo": ({"replay_times": 1, "use_target_network": False}, "impact"),
+    "impala": ({"replay_times": 1, "use_target_network": False}, "vtrace"),
+}
 
 # Which algorithms each architecture can run. A pair outside this table is refused.
 ARCH_ALGOS: dict[str, tuple[str, ...]] = {
@@ -119,7 +125,7 @@ class ModelCfg:
     hidden: tuple[int, ...] = (64, 64)
     """MLP hidden layer sizes."""
     lstm_size: int = 0
-    """Width of an LSTM core after the encoder; 0 means no recurrent core (R2D2 defaults to 512 on Atari)."""
+    """Width of an LSTM core after the encoder; 0 means no recurrent core (R2D2 then uses 512 on Atari, 64 elsewhere)."""
 
     def __post_init__(self) -> None:
         _choice("model", self.name, MODELS)
@@ -135,17 +141,17 @@ class AlgoCfg:
     gamma: float = 0.99
     """Discount factor."""
     lr: float = 0.0
-    """Learning rate; 0 means the algorithm's default (see ``learning_rate``)."""
+    """Learning rate; 0 means the algorithm's default (``learning_rate``; A2C on Atari: 0.0007 * num_envs, PAAC)."""
     optimizer: str = ""
     """``rmsprop`` or ``adam``; empty means the algorithm's default."""
     rmsprop_alpha: float = 0.99
     """RMSProp smoothing constant (PAAC, GA3C)."""
-    rmsprop_eps: float = 0.1
-    """RMSProp epsilon (PAAC paper: 0.1)."""
+    rmsprop_eps: float = 0.0
+    """RMSProp epsilon; 0 means 0.1 on Atari (PAAC paper) and 1e-5 elsewhere."""
     adam_eps: float = 1e-5
     """Adam epsilon."""
     max_grad_norm: float = 40.0
-    """Global gradient-norm clip (PAAC: 40, R2D2: 80); 0 disables."""
+    """Global gradient-norm clip (PAAC: 40; r2d2 clips at 80 while this is left at its default); 0 disables."""
     entropy_coef: float = 0.01
     """Weight of the entropy bonus."""
     value_coef: float = 0.5
@@ -190,14 +196,15 @@ class AlgoCfg:
         _unit_interval(self, "gamma", "gae_lambda", "eta")
         _non_negative(self, "lr", "max_grad_norm", "entropy_coef", "value_coef", "kl_coef")
         _positive(self, "ppo_epochs", "ppo_minibatches", "clip", "clip_rho", "clip_c", "clip_pg_rho",
-                  "impact_rho", "ga3c_eps", "n_step", "rmsprop_eps", "adam_eps")
+                  "impact_rho", "ga3c_eps", "n_step", "adam_eps")
+        _non_negative(self, "rmsprop_eps")
 
     @property
     def learning_rate(self) -> float:
         """The explicit ``lr``, else the algorithm's default."""
         if self.lr:
             return self.lr
-        return {"a2c": 7e-4, "ppo": 2.5e-4, "vtrace": 6e-4, "impact": 5e-4, "r2d2": 1e-4, "ga3c": 3e-4}[self.name]
+        return {"a2c": 2e-3, "ppo": 2.5e-4, "vtrace": 6e-4, "impact": 5e-4, "r2d2": 1e-4, "ga3c": 3e-4}[self.name]
 
     @property
     def optimizer_name(self) -> str:
@@ -238,7 +245,7 @@ class ArchCfg:
     inference_timeout_ms: float = 2.0
     """SEED: longest wait for a fuller inference batch."""
     local_actors: int = 2
-    """SEED: actor processes started by ``conveyor train`` itself."""
+    """SEED: actor processes started by ``conveyor train`` itself; 0 waits for ``conveyor actor`` processes."""
     listen: str = "localhost:0"
     """SEED: server address (host:port, port 0 picks one; or unix:PATH)."""
     token_file: str = ""
@@ -261,6 +268,9 @@ class ArchCfg:
     """R2D2: sequences held in replay."""
     min_replay: int = 500
     """R2D2: sequences stored before learning starts."""
+    replay_ratio: float = 0.75
+    """R2D2: sequences sampled per sequence inserted (SEED table 8: 0.75; with sequences overlapping by half, each step
+    is replayed 1.5 times). The learner waits for new data and the actors for the learner; 0 lets both run free."""
     # impact
     worker_batch: int = 64
     """IMPACT: steps per env in one worker batch (S)."""
@@ -274,6 +284,8 @@ class ArchCfg:
     """IMPACT ablation: ``target`` (R1), ``worker`` (R2) or ``impact`` (R3)."""
     use_target_network: bool = True
     """IMPACT: attach target-network log-probs; off with K=1 gives APPO."""
+    preset: str = ""
+    """IMPACT comparison preset: ``impact``, ``appo`` (K=1, no target network) or ``impala`` (same, algo vtrace)."""
     # shared
     target_update: int = 0
     """Updates between target-network syncs; 0 means the architecture's default (IMPACT: N*K; R2D2: 2500)."""
@@ -281,16 +293,25 @@ class ArchCfg:
     def __post_init__(self) -> None:
         _choice("arch", self.name, ARCHS)
         _choice("impact ratio", self.impact_ratio, IMPACT_RATIOS)
+        if self.preset:
+            self._apply_preset()
         _positive(self, "unroll", "num_actors", "sync_interval", "num_agents", "num_predictors",
                   "num_trainers", "min_train_batch", "max_predict_batch", "autotune_interval",
-                  "inference_batch", "inference_timeout_ms", "local_actors", "max_message_bytes",
+                  "inference_batch", "inference_timeout_ms", "max_message_bytes",
                   "batch_size", "seq_len", "replay_bytes", "replay_capacity", "min_replay",
                   "worker_batch", "buffer_batches", "replay_times", "broadcast_interval")
-        _non_negative(self, "burn_in", "target_update")
+        _non_negative(self, "burn_in", "target_update", "local_actors", "replay_ratio")
         if self.burn_in >= self.seq_len:
             raise ConfigError(f"burn_in ({self.burn_in}) must be smaller than seq_len ({self.seq_len})")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ConfigError("TLS needs both --tls-cert and --tls-key")
+
+    def _apply_preset(self) -> None:
+        _choice("preset", self.preset, tuple(IMPACT_PRESETS))
+        if self.name != "impact":
+            raise ConfigError(f"--preset {self.preset} is an IMPACT comparison preset: use it with --arch impact")
+        for name, value in IMPACT_PRESETS[self.preset][0].items():
+            _set_preset_field(self, self.preset, name, value)
 
     @property
     def target_update_interval(self) -> int:
@@ -338,6 +359,15 @@ class RunCfg:
     def __post_init__(self) -> None:
         _positive(self, "total_steps", "log_interval_s", "keep_checkpoints")
         _non_negative(self, "time_limit_s", "checkpoint_every", "seed", "torch_threads")
+        if self.arch.preset:
+            algo_name = IMPACT_PRESETS[self.arch.preset][1]
+            if self.algo.name not in (algo_name, _default(AlgoCfg, "name")):
+                raise ConfigError(f"--preset {self.arch.preset} runs --algo {algo_name}, but --algo {self.algo.name} "
+                                  "was given: drop one of the two")
+            object.__setattr__(self, "algo", dataclasses.replace(self.algo, name=algo_name))
+        if self.arch.name == "impact" and self.algo.kl_coef > 0 and not self.arch.use_target_network:
+            raise ConfigError("--kl-coef penalises KL(target || learner) and needs the target network: "
+                              "drop --no-use-target-network or set --kl-coef 0")
         if self.algo.name not in ARCH_ALGOS[self.arch.name]:
             raise ConfigError(
                 f"--arch {self.arch.name} does not run --algo {self.algo.name}: "
@@ -368,6 +398,20 @@ class RunCfg:
             else:
                 kwargs[key] = value
         return cls(**kwargs)
+
+
+def _default(cls: type, name: str) -> Any:
+    return cls.__dataclass_fields__[name].default  # type: ignore[attr-defined]
+
+
+def _set_preset_field(cfg: Any, preset: str, name: str, value: Any) -> None:
+    """Set a field a preset fixes (frozen dataclass, so during construction only). A value that is neither
+    the preset's nor the default was chosen explicitly and contradicts the preset: refuse it."""
+    current = getattr(cfg, name)
+    if current not in (value, _default(type(cfg), name)):
+        raise ConfigError(f"--preset {preset} sets {name} to {value!r}, but it was given as {current!r}: "
+                          "drop one of the two")
+    object.__setattr__(cfg, name, value)
 
 
 def field_docs(cls: type) -> dict[str, str]:

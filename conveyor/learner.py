@@ -30,7 +30,8 @@ def make_optimizer(params: Any, cfg: RunCfg) -> torch.optim.Optimizer:
     algo = cfg.algo
     lr = learning_rate(cfg)
     if algo.optimizer_name == "rmsprop":
-        return torch.optim.RMSprop(params, lr=lr, alpha=algo.rmsprop_alpha, eps=algo.rmsprop_eps)
+        eps = algo.rmsprop_eps or (0.1 if cfg.env.is_atari else 1e-5)
+        return torch.optim.RMSprop(params, lr=lr, alpha=algo.rmsprop_alpha, eps=eps)
     return torch.optim.Adam(params, lr=lr, eps=algo.adam_eps)
 
 

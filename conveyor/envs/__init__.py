@@ -1,0 +1,21 @@
+"""Environments: single envs, the synthetic step-time env, vectorized stepping.
+
+- ``make_env(cfg, seed)``: one gymnasium env (Atari ids get the standard
+  preprocessing, see ``conveyor.envs.atari``); finished real episodes are
+  reported as ``info[EPISODE_KEY]`` with the unclipped return.
+- ``conveyor/StepTime-v0`` (registered on import): a learnable env whose
+  step time follows a chosen distribution (``conveyor.envs.step_time``).
+- ``make_vector_env(cfg, seed)``: ``cfg.num_envs`` envs stepped together by
+  shared-memory worker processes (``shm``) or envpool; ``step`` returns a
+  ``StepResult`` with auto-reset, ``final_obs`` and per-episode returns.
+"""
+
+from conveyor.envs.make import EPISODE_KEY, make_env
+from conveyor.envs.step_time import ENV_ID as STEP_TIME_ID
+from conveyor.envs.step_time import register as _register_step_time
+from conveyor.envs.vector import ObsShapeError, ShmVectorEnv, StepResult, VectorEnv, make_vector_env
+
+_register_step_time()
+
+__all__ = ["make_env", "make_vector_env", "VectorEnv", "StepResult", "ObsShapeError", "ShmVectorEnv",
+           "EPISODE_KEY", "STEP_TIME_ID"]

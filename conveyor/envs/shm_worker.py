@@ -1,0 +1,199 @@
+"""The env worker process of the ``shm`` vector env (see ``conveyor.envs.vector``).
+
+A worker owns a contiguous slice of the vector env's envs. It reads one
+command byte from its command pipe, acts on the shared arrays and answers
+with one status byte on its reply pipe; no data travels through the pipes.
+It runs as ``python -c "from conveyor.envs.shm_worker import main; main()"``
+and reads from stdin, once, the parent's ``sys.path`` (so ids like
+``pkg.module:Env-v0`` import the same modules) and its ``WorkerSpec``, as
+JSON (``transport.shm.send_child_spec``). It imports neither
+torch nor the parent's ``__main__``, so it starts in the time numpy and
+gymnasium take to import.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import traceback
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from conveyor.transport.shm import SharedArrays, receive_child_spec
+
+# Commands, master -> worker.
+CMD_STEP = b"s"
+CMD_RESET = b"r"
+CMD_CLOSE = b"c"
+# Replies, worker -> master.
+REPLY_OK = b"k"
+REPLY_ENV_ERROR = b"e"
+"""The command completed, but at least one env raised and was reset (counted in ``env_errors``)."""
+REPLY_OBS_SHAPE = b"o"
+"""An env returned an observation of the wrong shape; the worker can go no further."""
+REPLY_FATAL = b"x"
+"""The worker hit an error it cannot recover from (message in ``message``)."""
+
+MESSAGE_BYTES = 2048
+
+
+class WorkerSpec(NamedTuple):
+    index: int
+    env_cfg: Any
+    """The ``EnvCfg`` of the vector env."""
+    seed: int
+    """Seed of the vector env; global env i gets ``seed + i``."""
+    first_env: int
+    """Global index of this worker's first env."""
+    num_envs: int
+    array_specs: tuple
+    """``ArraySpec``s of the shared block (its layout)."""
+    shm_fd: int
+    command_fd: int
+    reply_fd: int
+
+
+class ObsShapeMismatch(Exception):
+    pass
+
+
+def write_message(row: np.ndarray, text: str) -> None:
+    """Put ``text`` (UTF-8, truncated, zero-terminated) into a worker's message row."""
+    data = text.encode("utf-8", "replace")[:MESSAGE_BYTES - 1]
+    row[:] = 0
+    row[:len(data)] = np.frombuffer(data, np.uint8)
+
+
+class EnvWorker:
+    """Steps ``spec.num_envs`` envs whose data lives in rows ``[first_env, first_env + num_envs)``."""
+
+    def __init__(self, spec: WorkerSpec, shared: SharedArrays) -> None:
+        from conveyor.envs.make import EPISODE_KEY, make_env
+
+        self.spec = spec
+        self.episode_key = EPISODE_KEY
+        rows = slice(spec.first_env, spec.first_env + spec.num_envs)
+        self.obs = shared["obs"][rows]
+        self.final_obs = shared["final_obs"][rows]
+        self.actions = shared["actions"][rows]
+        self.reward = shared["reward"][rows]
+        self.terminated = shared["terminated"][rows]
+        self.truncated = shared["truncated"][rows]
+        self.episode_return = shared["episode_return"][rows]
+        self.episode_length = shared["episode_length"][rows]
+        self.env_errors = shared["env_errors"][spec.index:spec.index + 1]
+        self.message = shared["message"][spec.index]
+        self.obs_shape = self.obs.shape[1:]
+        # Discrete actions go to envs as Python ints; others as arrays.
+        self.int_actions = self.actions.ndim == 1 and self.actions.dtype.kind in "iu"
+        self.envs = [make_env(spec.env_cfg, spec.seed + spec.first_env + i) for i in range(spec.num_envs)]
+
+    def put(self, rows: np.ndarray, i: int, obs: Any) -> None:
+        if np.shape(obs) != self.obs_shape:
+            raise ObsShapeMismatch(
+                f"env {self.spec.first_env + i} ({self.spec.env_cfg.id}) returned an observation of shape "
+                f"{np.shape(obs)}, expected {self.obs_shape} as at the start of the run"
+            )
+        rows[i] = obs
+
+    def reset(self) -> bytes:
+        for i, env in enumerate(self.envs):
+            obs, _ = env.reset()
+            self.put(self.obs, i, obs)
+        self.reward[:] = 0.0
+        self.terminated[:] = False
+        self.truncated[:] = False
+        self.episode_return[:] = np.nan
+        self.episode_length[:] = 0
+        return REPLY_OK
+
+    def step(self) -> bytes:
+        status = REPLY_OK
+        actions = self.actions.tolist() if self.int_actions else list(self.actions.copy())
+        # Locals: this loop is the worker's hot path.
+        key, put, obs_rows, final_rows = self.episode_key, self.put, self.obs, self.final_obs
+        rewards, terminals, truncations = self.reward, self.terminated, self.truncated
+        returns, lengths = self.episode_return, self.episode_length
+        for i, env in enumerate(self.envs):
+            try:
+                obs, reward, terminated, truncated, info = env.step(actions[i])
+            except Exception as exc:  # an env bug must not stop the run: reset it and let the master count it
+                self.replace_after_error(i, env, exc)
+                status = REPLY_ENV_ERROR
+                continue
+            rewards[i] = reward
+            terminals[i] = terminated
+            truncations[i] = truncated
+            episode = info.get(key)
+            if terminated or truncated:
+                put(final_rows, i, obs)
+                obs, reset_info = env.reset()
+                if episode is None:
+                    episode = reset_info.get(key)
+            put(obs_rows, i, obs)
+            if episode is None:
+                returns[i] = np.nan
+                lengths[i] = 0
+            else:
+                returns[i] = episode["r"]
+                lengths[i] = episode["l"]
+        return status
+
+    def replace_after_error(self, i: int, env: Any, error: Exception) -> None:
+        """Count the error, then cut the episode as truncated at its last good observation and reset."""
+        where = f"env {self.spec.first_env + i} ({self.spec.env_cfg.id}) raised on step"
+        print(f"conveyor env worker {self.spec.index}: {where}:\n{traceback.format_exc()}", file=sys.stderr,
+              flush=True)
+        write_message(self.message, f"{where}: {traceback.format_exception_only(error)[-1].strip()}")
+        self.env_errors[0] += 1
+        self.final_obs[i] = self.obs[i]
+        obs, _ = env.reset()
+        self.put(self.obs, i, obs)
+        self.reward[i] = 0.0
+        self.terminated[i] = False
+        self.truncated[i] = True
+        self.episode_return[i] = np.nan
+        self.episode_length[i] = 0
+
+    def serve(self) -> None:
+        commands = {CMD_STEP: self.step, CMD_RESET: self.reset}
+        read, write = os.read, os.write
+        command_fd, reply_fd = self.spec.command_fd, self.spec.reply_fd
+        while True:
+            command = read(command_fd, 1)
+            if command not in commands:  # CMD_CLOSE, or b"" when the master is gone
+                return
+            try:
+                reply = commands[command]()
+            except ObsShapeMismatch as exc:
+                write_message(self.message, str(exc))
+                reply = REPLY_OBS_SHAPE
+            except Exception:
+                write_message(self.message, traceback.format_exc())
+                reply = REPLY_FATAL
+            write(reply_fd, reply)
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+
+def main() -> None:
+    # Ctrl-C reaches the whole process group; the master decides when workers stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    spec: WorkerSpec = receive_child_spec(WorkerSpec)
+    shared = SharedArrays(spec.array_specs, spec.shm_fd)
+    try:
+        worker = EnvWorker(spec, shared)
+    except Exception:
+        write_message(shared["message"][spec.index], f"building the envs failed:\n{traceback.format_exc()}")
+        os.write(spec.reply_fd, REPLY_FATAL)
+        return
+    os.write(spec.reply_fd, REPLY_OK)
+    try:
+        worker.serve()
+    finally:
+        worker.close()
+        shared.close()

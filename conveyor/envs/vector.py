@@ -1,0 +1,363 @@
+"""Vectorized env stepping: ``make_vector_env`` and the shared-memory backend.
+
+``ShmVectorEnv`` (backend ``shm``) runs ``cfg.num_workers`` worker processes
+(``conveyor.envs.shm_worker``); worker w owns envs
+``[w * k, (w + 1) * k)``, ``k = cfg.envs_per_worker``, and global env i is
+made with ``make_env(cfg, seed + i)``, so a run is reproducible from
+``seed``. Observations, actions, rewards, flags and episode statistics live
+in one shared memory block (``conveyor.transport.shm.SharedArrays``); each
+step the master writes the actions, sends each worker one command byte down
+a pipe, and waits for one status byte back. Nothing is pickled per step.
+
+Workers are plain ``subprocess`` children running a small entry point (not
+``multiprocessing``): like the spawn start method they share nothing with
+the master but the memory block and two pipes, but they never re-import the
+master's ``__main__`` (which may import torch), so they start in the time
+numpy and gymnasium take to import. A worker whose pipe closes has died; the
+master notices at once (end of file on the reply pipe), or within
+``poll_interval_s`` by polling the process, and raises ``RuntimeError``
+naming it. Starting a replacement would reuse ``_start_worker``.
+
+Step semantics (both backends): see ``StepResult``.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+import weakref
+from typing import Any, NamedTuple, Protocol
+
+import gymnasium as gym
+import numpy as np
+
+from conveyor.config import ConfigError, EnvCfg
+from conveyor.envs.make import make_env
+from conveyor.envs.shm_worker import (
+    CMD_CLOSE,
+    CMD_RESET,
+    CMD_STEP,
+    MESSAGE_BYTES,
+    REPLY_ENV_ERROR,
+    REPLY_FATAL,
+    REPLY_OBS_SHAPE,
+    REPLY_OK,
+    WorkerSpec,
+)
+from conveyor.transport.shm import ArraySpec, SharedArrays, send_child_spec
+
+_WORKER_ENTRY = "from conveyor.envs.shm_worker import main; main()"
+# Envs are stepped one per worker core: a BLAS thread pool per worker would only oversubscribe.
+_SINGLE_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+_SUPPORTED_SPACES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
+_CLOSE_GRACE_S = 5.0
+
+
+class StepResult(NamedTuple):
+    """One step of B envs. Rows are envs; every field is a numpy array.
+
+    When env i's episode ends at this step (``terminated[i] | truncated[i]``),
+    the env has already been reset: ``obs[i]`` is the new episode's first
+    observation and ``final_obs[i]`` the finished episode's last one (needed
+    to bootstrap a truncated episode). ``final_obs`` rows of envs that did not
+    finish hold stale data.
+    """
+
+    obs: np.ndarray
+    """[B, *obs_shape] the observation to act on next."""
+    reward: np.ndarray
+    """[B] float32 training reward (clipped to its sign for Atari when ``clip_rewards``)."""
+    terminated: np.ndarray
+    """[B] bool: the episode reached a terminal state (for Atari with ``episodic_life``: also a lost life)."""
+    truncated: np.ndarray
+    """[B] bool: the episode was cut (time limit, or the env raised and was reset); bootstrap from ``final_obs``."""
+    final_obs: np.ndarray
+    """[B, *obs_shape] last observation of the finished episode, valid where ``terminated | truncated``."""
+    episode_return: np.ndarray
+    """[B] float64 unclipped return of a real episode that ended at this step, NaN elsewhere."""
+    episode_length: np.ndarray
+    """[B] int64 length in agent steps of that episode, 0 elsewhere."""
+
+
+class ObsShapeError(RuntimeError):
+    """An env returned an observation whose shape differs from the one it started with."""
+
+
+class VectorEnv(Protocol):
+    """What every backend offers (``ShmVectorEnv``, ``EnvpoolVectorEnv``)."""
+
+    num_envs: int
+    single_observation_space: gym.Space
+    single_action_space: gym.Space
+
+    def reset(self) -> np.ndarray: ...
+
+    def step_async(self, actions: Any) -> None: ...
+
+    def step_wait(self) -> StepResult: ...
+
+    def step(self, actions: Any) -> StepResult: ...
+
+    def close(self) -> None: ...
+
+
+def make_vector_env(cfg: EnvCfg, seed: int, *, copy: bool = True) -> VectorEnv:
+    """``cfg.num_envs`` envs stepped together by ``cfg.backend`` (``shm`` or ``envpool``).
+
+    Env i is seeded with ``seed + i``. ``step`` returns a ``StepResult``. With
+    ``copy=False`` its arrays (and ``reset``'s) are views into buffers that
+    the next ``reset``/``step`` overwrites: use it when the caller copies
+    the data out at once, to avoid allocating every step. Call ``close()``
+    (or use ``with``) when done; it also runs at interpreter exit.
+    """
+    if cfg.backend == "envpool":
+        from conveyor.envs.envpool_backend import EnvpoolVectorEnv
+
+        return EnvpoolVectorEnv(cfg, seed, copy=copy)
+    return ShmVectorEnv(cfg, seed, copy=copy)
+
+
+class _Worker(NamedTuple):
+    index: int
+    process: subprocess.Popen
+    command_fd: int
+    reply_fd: int
+    first_env: int
+    num_envs: int
+
+    def describe(self) -> str:
+        return (f"env worker {self.index} (pid {self.process.pid}, envs "
+                f"{self.first_env}-{self.first_env + self.num_envs - 1})")
+
+
+def _exit_reason(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        return f"killed by signal {signal.Signals(-code).name}"
+    return f"exit code {code}"
+
+
+def _shutdown(workers: list[_Worker], shared: SharedArrays) -> None:
+    """Stop the workers (politely, then by force), close the pipes, release the memory block."""
+    for worker in workers:
+        try:
+            os.write(worker.command_fd, CMD_CLOSE)
+        except OSError:
+            pass  # already gone
+        os.close(worker.command_fd)
+    deadline = time.monotonic() + _CLOSE_GRACE_S
+    for worker in workers:
+        try:
+            worker.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            worker.process.kill()
+            worker.process.wait()
+        os.close(worker.reply_fd)
+    shared.close()
+
+
+class ShmVectorEnv:
+    """B envs stepped in lockstep by worker processes over shared memory (see the module docstring)."""
+
+    def __init__(self, cfg: EnvCfg, seed: int, *, copy: bool = True, poll_interval_s: float = 1.0) -> None:
+        self.cfg = cfg
+        self.seed = seed
+        self.num_envs = cfg.num_envs
+        self.num_workers = cfg.num_workers
+        self.copy = copy
+        self._poll_ms = int(poll_interval_s * 1000)
+        probe = make_env(cfg, seed)
+        self.single_observation_space = probe.observation_space
+        self.single_action_space = probe.action_space
+        probe.close()
+        for role, space in (("observation", self.single_observation_space), ("action", self.single_action_space)):
+            if not isinstance(space, _SUPPORTED_SPACES):
+                raise ConfigError(f"env {cfg.id!r} has a {type(space).__name__} {role} space: the vector env "
+                                  "supports Box, Discrete, MultiDiscrete and MultiBinary")
+        obs_shape, obs_dtype = self.single_observation_space.shape, self.single_observation_space.dtype
+        act_shape, act_dtype = self.single_action_space.shape, self.single_action_space.dtype
+        batch, workers = cfg.num_envs, cfg.num_workers
+        self._shared = SharedArrays([
+            ArraySpec("obs", (batch, *obs_shape), obs_dtype),
+            ArraySpec("final_obs", (batch, *obs_shape), obs_dtype),
+            ArraySpec("actions", (batch, *act_shape), act_dtype),
+            ArraySpec("reward", (batch,), "float32"),
+            ArraySpec("terminated", (batch,), "bool"),
+            ArraySpec("truncated", (batch,), "bool"),
+            ArraySpec("episode_return", (batch,), "float64"),
+            ArraySpec("episode_length", (batch,), "int64"),
+            ArraySpec("env_errors", (workers,), "int64"),
+            ArraySpec("message", (workers, MESSAGE_BYTES), "uint8"),
+        ])
+        shared = self._shared
+        self._actions = shared["actions"]
+        self._env_errors = shared["env_errors"]
+        self._views = StepResult(shared["obs"], shared["reward"], shared["terminated"], shared["truncated"],
+                                 shared["final_obs"], shared["episode_return"], shared["episode_length"])
+        self._workers: list[_Worker] = []
+        self._finalizer = weakref.finalize(self, _shutdown, self._workers, shared)
+        self._poller = select.poll()
+        self._worker_by_fd: dict[int, _Worker] = {}
+        self._stepping = False
+        self._broken = ""
+        try:
+            for index in range(workers):
+                self._start_worker(index)
+            self._collect("starting")
+        except BaseException:
+            self.close()
+            raise
+
+    # -- public API --------------------------------------------------------
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """Process ids of the workers (as started; they are gone after ``close``)."""
+        return [worker.process.pid for worker in self._workers]
+
+    @property
+    def env_errors(self) -> int:
+        """Env exceptions so far (each one reset its env and truncated its episode)."""
+        return int(self._env_errors.sum())
+
+    def reset(self) -> np.ndarray:
+        """Reset every env; return the first observations ``[B, *obs_shape]``."""
+        self._check_usable()
+        if self._stepping:
+            raise RuntimeError("reset() called between step_async() and step_wait(): call step_wait() first")
+        self._send(CMD_RESET, "resetting")
+        self._collect("resetting")
+        return self._views.obs.copy() if self.copy else self._views.obs
+
+    def step_async(self, actions: Any) -> None:
+        """Hand ``actions`` ``[B, *action_shape]`` to the workers and return at once."""
+        self._check_usable()
+        if self._stepping:
+            raise RuntimeError("step_async() called twice: call step_wait() before the next step_async()")
+        if np.shape(actions) != self._actions.shape:
+            raise ValueError(f"actions have shape {np.shape(actions)}, expected {self._actions.shape}")
+        self._actions[...] = actions
+        self._send(CMD_STEP, "stepping")
+        self._stepping = True
+
+    def step_wait(self) -> StepResult:
+        """Wait for the step started by ``step_async`` and return its ``StepResult``."""
+        if not self._stepping:
+            raise RuntimeError("step_wait() called without step_async()")
+        self._stepping = False
+        self._collect("stepping")
+        if self.copy:
+            return StepResult(*(array.copy() for array in self._views))
+        return self._views
+
+    def step(self, actions: Any) -> StepResult:
+        self.step_async(actions)
+        return self.step_wait()
+
+    def close(self) -> None:
+        """Stop the workers and free the shared memory (idempotent)."""
+        self._broken = self._broken or "the vector env is closed"
+        self._finalizer()
+
+    def __enter__(self) -> ShmVectorEnv:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    # -- workers -----------------------------------------------------------
+
+    def _start_worker(self, index: int) -> None:
+        per_worker = self.cfg.envs_per_worker
+        command_read, command_write = os.pipe()
+        reply_read, reply_write = os.pipe()
+        env = dict(os.environ)
+        for name in _SINGLE_THREAD_VARS:
+            env.setdefault(name, "1")
+        process = subprocess.Popen([sys.executable, "-c", _WORKER_ENTRY], stdin=subprocess.PIPE, env=env,
+                                   pass_fds=(self._shared.fd, command_read, reply_write))
+        os.close(command_read)
+        os.close(reply_write)
+        worker = _Worker(index, process, command_write, reply_read, index * per_worker, per_worker)
+        self._workers.append(worker)
+        self._worker_by_fd[reply_read] = worker
+        self._poller.register(reply_read, select.POLLIN)
+        spec = WorkerSpec(index, self.cfg, self.seed, worker.first_env, per_worker, self._shared.specs,
+                          self._shared.fd, command_read, reply_write)
+        try:
+            send_child_spec(process.stdin, spec)
+        except BrokenPipeError:
+            pass  # it died at start; _collect reports it
+
+    def _check_usable(self) -> None:
+        if self._broken:
+            raise RuntimeError(f"vector env unusable: {self._broken}")
+
+    def _fail(self, error: Exception) -> Exception:
+        self._broken = str(error)
+        return error
+
+    def _died(self, worker: _Worker, action: str) -> Exception:
+        try:
+            code = worker.process.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:  # its pipe closed but the process lingers
+            code = None
+        return self._fail(RuntimeError(f"{worker.describe()} of {self.cfg.id!r} died while {action} "
+                                       f"({_exit_reason(code)}); see its output above"))
+
+    def _message(self, worker: _Worker) -> str:
+        raw = self._shared["message"][worker.index].tobytes()
+        return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+
+    def _send(self, command: bytes, action: str) -> None:
+        for worker in self._workers:
+            try:
+                os.write(worker.command_fd, command)
+            except BrokenPipeError:
+                raise self._died(worker, action) from None
+
+    def _collect(self, action: str) -> None:
+        try:
+            self._wait(action)
+        except BaseException:
+            # Replies may still be in flight (e.g. after Ctrl-C): the pipes are out of step for good.
+            self._broken = self._broken or f"interrupted while {action}"
+            raise
+
+    def _wait(self, action: str) -> None:
+        """Collect one reply from every worker; raise on deaths and errors."""
+        pending = len(self._workers)
+        problems: list[tuple[_Worker, bytes]] = []
+        while pending:
+            events = self._poller.poll(self._poll_ms)
+            if not events:
+                for worker in self._workers:
+                    if worker.process.poll() is not None:
+                        raise self._died(worker, action)
+                continue
+            for fd, _ in events:
+                worker = self._worker_by_fd[fd]
+                reply = os.read(fd, 1)
+                if not reply:
+                    raise self._died(worker, action)
+                pending -= 1
+                if reply != REPLY_OK:
+                    problems.append((worker, reply))
+        for worker, reply in problems:
+            self._raise_for(worker, reply, action)
+
+    def _raise_for(self, worker: _Worker, reply: bytes, action: str) -> None:
+        message = self._message(worker)
+        if reply == REPLY_OBS_SHAPE:
+            raise self._fail(ObsShapeError(message))
+        if reply == REPLY_FATAL:
+            raise self._fail(RuntimeError(f"{worker.describe()} failed while {action}: {message}"))
+        if reply == REPLY_ENV_ERROR and self.env_errors > self.cfg.max_env_errors:
+            raise self._fail(RuntimeError(
+                f"{self.env_errors} env errors exceed max_env_errors={self.cfg.max_env_errors}; "
+                f"last one, in {worker.describe()}: {message}"))

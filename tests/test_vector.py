@@ -1,0 +1,258 @@
+"""make_vector_env: exactly-once ordered steps, auto-reset, seeds, failures, shutdown, envpool."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import time
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from conveyor.config import ConfigError, EnvCfg
+from conveyor.envs import ObsShapeError, make_env, make_vector_env
+
+# Workers import this module by name to find the counting env (gymnasium's "module:id" form).
+COUNTING_ID = "tests.test_vector:CountingTest-v0"
+NO_ERROR = -1
+
+
+class CountingEnv(gym.Env):
+    """Observation ``[seed, episode, t, last action]``: every step says where it came from.
+
+    The env's seed (``seed + i`` for vector env i) is its identity. Episodes
+    last ``3 + seed % 4`` steps; they end terminated for even seeds and
+    truncated for odd ones. The reward is the action, so the return is the
+    sum of the episode's actions. For failure tests, env ``fail_seed`` raises
+    on its ``fail_every``-th steps, and env ``reshape_seed`` returns a longer
+    observation at step ``reshape_at``.
+    """
+
+    def __init__(self, fail_seed: int = NO_ERROR, fail_every: int = 0, reshape_seed: int = NO_ERROR,
+                 reshape_at: int = 0) -> None:
+        self.observation_space = gym.spaces.Box(-(2**31), 2**31, (4,), np.int64)
+        self.action_space = gym.spaces.Discrete(1000)
+        self.fail_seed, self.fail_every = fail_seed, fail_every
+        self.reshape_seed, self.reshape_at = reshape_seed, reshape_at
+        self.identity = NO_ERROR
+        self.episode = -1
+        self.t = 0
+        self.total_steps = 0
+
+    def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[np.ndarray, dict]:
+        if seed is not None:
+            self.identity, self.episode = seed, -1
+        self.episode += 1
+        self.t = 0
+        return np.array([self.identity, self.episode, 0, -1]), {}
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
+        self.total_steps += 1
+        if self.identity == self.fail_seed and self.total_steps % self.fail_every == 0:
+            raise RuntimeError("counting env failure on purpose")
+        self.t += 1
+        obs = np.array([self.identity, self.episode, self.t, action])
+        if self.identity == self.reshape_seed and self.total_steps == self.reshape_at:
+            obs = np.zeros(5, np.int64)
+        ended = self.t == episode_length(self.identity)
+        return obs, float(action), ended and self.identity % 2 == 0, ended and self.identity % 2 == 1, {}
+
+
+def episode_length(identity: int) -> int:
+    return 3 + identity % 4
+
+
+gym.register("CountingTest-v0", entry_point=CountingEnv)
+
+
+def counting_cfg(num_envs: int = 6, num_workers: int = 2, **env_args: Any) -> EnvCfg:
+    return EnvCfg(id=COUNTING_ID, num_envs=num_envs, num_workers=num_workers, env_args=tuple(env_args.items()))
+
+
+def children_of(pid: int) -> list[int]:
+    children = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # exited while we looked
+            if int(fields[1]) == pid:
+                children.append(int(entry))
+    return children
+
+
+def test_every_step_of_every_env_arrives_exactly_once_in_order():
+    seed, batch = 100, 6
+    identity = seed + np.arange(batch)
+    rng = np.random.default_rng(0)
+    with make_vector_env(counting_cfg(batch, 3), seed) as venv:
+        assert (venv.num_envs, venv.single_action_space, venv.single_observation_space.shape) == (
+            batch, gym.spaces.Discrete(1000), (4,))
+        obs = venv.reset()
+        # Episode 0 was make_env's seeding reset; the vector env's reset starts episode 1.
+        np.testing.assert_array_equal(obs, np.stack([identity, np.ones(batch), np.zeros(batch),
+                                                     -np.ones(batch)], 1))
+        episode, t, returns = np.ones(batch, int), np.zeros(batch, int), np.zeros(batch)
+        for step in range(60):
+            actions = rng.integers(0, 1000, batch)
+            if step % 2:
+                result = venv.step(actions)
+            else:
+                venv.step_async(actions)
+                result = venv.step_wait()
+            t += 1
+            returns += actions
+            ended = t == episode_length(identity)
+            np.testing.assert_array_equal(result.terminated, ended & (identity % 2 == 0))
+            np.testing.assert_array_equal(result.truncated, ended & (identity % 2 == 1))
+            np.testing.assert_array_equal(result.reward, actions.astype(np.float32))
+            np.testing.assert_array_equal(result.final_obs[ended],
+                                          np.stack([identity, episode, t, actions], 1)[ended])
+            np.testing.assert_array_equal(result.episode_return[ended], returns[ended])
+            assert np.isnan(result.episode_return[~ended]).all()
+            np.testing.assert_array_equal(result.episode_length, np.where(ended, t, 0))
+            episode += ended
+            t[ended] = 0
+            returns[ended] = 0
+            expected_obs = np.stack([identity, episode, t, np.where(ended, -1, actions)], 1)
+            np.testing.assert_array_equal(result.obs, expected_obs)
+        assert episode.min() > 60 // 6
+
+
+def test_env_i_is_make_env_with_seed_plus_i():
+    cfg = EnvCfg(id="CartPole-v1", num_envs=4, num_workers=2)
+    rng = np.random.default_rng(0)
+    actions = rng.integers(0, 2, (30, cfg.num_envs))
+
+    def vector_rollout(seed: int) -> np.ndarray:
+        with make_vector_env(cfg, seed) as venv:
+            return np.stack([venv.reset()] + [venv.step(a).obs for a in actions])
+
+    rollout = vector_rollout(7)
+    np.testing.assert_array_equal(rollout, vector_rollout(7))
+    assert not np.array_equal(rollout, vector_rollout(8))
+    for i in range(cfg.num_envs):
+        env = make_env(cfg, 7 + i)
+        single = [env.reset()[0]]
+        for a in actions[:, i]:
+            obs, _, terminated, truncated, _ = env.step(a)
+            single.append(env.reset()[0] if terminated or truncated else obs)
+        np.testing.assert_array_equal(rollout[:, i], np.stack(single))
+
+
+def test_copy_false_returns_reused_views():
+    with make_vector_env(counting_cfg(2, 1), 0, copy=False) as venv:
+        venv.reset()
+        first = venv.step(np.zeros(2, int))
+        second = venv.step(np.ones(2, int))
+        assert first.obs is second.obs
+        np.testing.assert_array_equal(first.obs[:, 3], [1, 1])
+
+
+def test_wrong_action_shape_is_refused():
+    with make_vector_env(counting_cfg(2, 1), 0) as venv:
+        venv.reset()
+        with pytest.raises(ValueError, match="shape"):
+            venv.step(np.zeros(3, int))
+
+
+def test_close_leaves_no_processes_and_no_shared_memory_segments():
+    segments_before = set(os.listdir("/dev/shm"))
+    children_before = set(children_of(os.getpid()))
+    venv = make_vector_env(counting_cfg(4, 2), 0)
+    pids = venv.worker_pids
+    assert len(pids) == 2 and set(pids) <= set(children_of(os.getpid()))
+    venv.reset()
+    venv.step(np.zeros(4, int))
+    venv.close()
+    venv.close()
+    assert set(children_of(os.getpid())) <= children_before
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)
+    assert set(os.listdir("/dev/shm")) <= segments_before
+    with pytest.raises(RuntimeError, match="closed"):
+        venv.step(np.zeros(4, int))
+
+
+def test_dead_worker_is_named_within_seconds():
+    venv = make_vector_env(counting_cfg(4, 2), 0)
+    venv.reset()
+    pids = venv.worker_pids
+    os.kill(pids[1], signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"env worker 1 \(pid \d+, envs 2-3\).*SIGKILL"):
+        venv.step(np.zeros(4, int))
+    assert time.monotonic() - start < 3.0
+    with pytest.raises(RuntimeError, match="env worker 1"):
+        venv.step(np.zeros(4, int))
+    venv.close()
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)
+
+
+def test_env_that_raises_is_reset_truncated_and_counted():
+    seed = 10
+    cfg = dataclasses.replace(counting_cfg(4, 2, fail_seed=seed + 3, fail_every=2), max_env_errors=2)
+    with make_vector_env(cfg, seed) as venv:
+        venv.reset()
+        before = venv.step(np.full(4, 5))
+        result = venv.step(np.full(4, 6))  # env 3's second step raises
+        assert venv.env_errors == 1
+        assert result.truncated[3] and not result.terminated[3] and np.isnan(result.episode_return[3])
+        np.testing.assert_array_equal(result.final_obs[3], before.obs[3])
+        np.testing.assert_array_equal(result.obs[3], [seed + 3, 2, 0, -1])  # a fresh episode
+        np.testing.assert_array_equal(result.obs[:3, 2], [2, 2, 2])  # the others went on
+        venv.step(np.zeros(4, int))
+        venv.step(np.zeros(4, int))
+        assert venv.env_errors == 2
+        venv.step(np.zeros(4, int))
+        with pytest.raises(RuntimeError, match=r"3 env errors exceed max_env_errors=2.*on purpose"):
+            venv.step(np.zeros(4, int))
+
+
+def test_observation_shape_change_is_an_error():
+    with make_vector_env(counting_cfg(4, 2, reshape_seed=1, reshape_at=2), 0) as venv:
+        venv.reset()
+        venv.step(np.zeros(4, int))
+        with pytest.raises(ObsShapeError, match=r"env 1 .*shape \(5,\), expected \(4,\)"):
+            venv.step(np.zeros(4, int))
+
+
+def test_unknown_id_fails_before_starting_workers():
+    children_before = set(children_of(os.getpid()))
+    with pytest.raises(ConfigError, match="Nope-v0"):
+        make_vector_env(EnvCfg(id="Nope-v0", num_envs=2, num_workers=1), 0)
+    assert set(children_of(os.getpid())) <= children_before
+
+
+@pytest.mark.parametrize("backend", ["shm", "envpool"])
+def test_pong_backends_share_shapes_and_auto_reset_semantics(backend):
+    if backend == "envpool":
+        pytest.importorskip("envpool")
+    # A 200-frame limit truncates every episode after about 50 agent steps.
+    cfg = EnvCfg(id="ALE/Pong-v5", num_envs=4, num_workers=2, backend=backend,
+                 env_args=(("max_num_frames_per_episode", 200),))
+    with make_vector_env(cfg, 0) as venv:
+        assert venv.single_observation_space.shape == (4, 84, 84)
+        assert venv.single_action_space == gym.spaces.Discrete(6)
+        obs = venv.reset()
+        assert obs.shape == (4, 4, 84, 84) and obs.dtype == np.uint8
+        rng = np.random.default_rng(0)
+        finished = np.zeros(4, bool)
+        for _ in range(51):
+            result = venv.step(rng.integers(0, 6, 4))
+            assert result.reward.dtype == np.float32 and set(np.unique(result.reward)) <= {-1.0, 0.0, 1.0}
+            assert result.terminated.dtype == result.truncated.dtype == bool
+            assert result.episode_return.dtype == np.float64 and result.episode_length.dtype == np.int64
+            done = result.truncated | result.terminated
+            np.testing.assert_array_equal(done, ~np.isnan(result.episode_return))
+            for i in np.flatnonzero(done):
+                assert 42 <= result.episode_length[i] <= 50  # no-op starts use up to 30 frames
+                assert all(np.array_equal(frame, result.obs[i, 0]) for frame in result.obs[i])  # fresh stack
+                np.testing.assert_array_equal(result.final_obs[i, :-1], obs[i, 1:])  # the old episode's last
+            finished |= done
+            obs = result.obs
+        assert finished.all()
