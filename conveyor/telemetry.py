@@ -69,9 +69,12 @@ class Telemetry:
         try:
             yield
         finally:
-            elapsed = time.perf_counter() - start
-            with self._lock:
-                self.time_split[bucket] += elapsed
+            self.add_time(bucket, time.perf_counter() - start)
+
+    def add_time(self, bucket: str, seconds: float) -> None:
+        """Add time measured elsewhere (e.g. by agent processes) to a time-split bucket."""
+        with self._lock:
+            self.time_split[bucket] += seconds
 
     def add_steps(self, steps: int) -> None:
         with self._lock:

@@ -1,0 +1,281 @@
+"""GA3C (Babaeizadeh et al. 2017): agents, predictor threads and trainer threads around one model.
+
+N_A agent processes each play one env (``conveyor.transport.ga3c_queues``):
+before each action an agent puts its id on the prediction queue and waits;
+N_P predictor threads each take every waiting request (at least one, at most
+``max_predict_batch``), run one batched forward and answer each agent. After
+t_max steps an agent puts its segment on the training queue; N_T trainer
+threads take ``min_train_batch`` segments at a time and update the model
+(``--algo ga3c``: eq. 5). ``--autotune`` moves N_A, N_P or N_T by +-1 every
+``autotune_interval`` seconds and keeps the move only if TPS rose
+(``conveyor.autotune``).
+
+Sharing one model between threads takes three locks:
+
+- ``update_lock``: one trainer updates at a time. Trainers share ``.grad``,
+  and autograd refuses a backward whose saved parameters another trainer's
+  optimizer step changed in place. So N_T > 1 overlaps one trainer's
+  gathering and copying of segments with another's update, not two updates.
+- ``params_lock``: a predictor's forward and an optimizer step exclude each
+  other, so every prediction sees one whole parameter version and the version
+  stamped on its action is exact. Trainers' forward and backward run
+  alongside predictions (they only read parameters).
+- ``gather_lock``: one trainer gathers at a time, so batches fill in arrival
+  order and no two trainers hold half batches that together starve agents of
+  free segment slots.
+
+Policy lag (learner version minus the version that chose each action) is
+positive here by design; the summary's histogram shows how much.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from conveyor.acting import policy_step, step_targets
+from conveyor.autotune import KNOBS, Autotuner, Counts, plot_history
+from conveyor.config import RunCfg
+from conveyor.envs import make_env
+from conveyor.models import make_model
+from conveyor.run import Run
+from conveyor.transport.ga3c_queues import AgentPool, Channels, channel_specs
+
+MAX_THREADS = 8
+"""Most predictor and trainer threads autotune may choose."""
+_JOIN_TIMEOUT_S = 30.0
+
+
+def locked(lock: threading.Lock, stop: threading.Event) -> bool:
+    """Acquire ``lock``, giving up (False) once ``stop`` is set."""
+    while not lock.acquire(timeout=0.1):
+        if stop.is_set():
+            return False
+    return True
+
+
+class ThreadGroup:
+    """Threads running ``target(stop_event, serial)``, resized at run time; an error stops the run."""
+
+    def __init__(self, name: str, target: Callable[[threading.Event, int], None], run: Run):
+        self.name, self.target, self.run = name, target, run
+        self.threads: list[tuple[threading.Thread, threading.Event]] = []
+        self.retiring: list[threading.Thread] = []
+        self.started = 0
+        self.error: BaseException | None = None
+
+    def __len__(self) -> int:
+        return len(self.threads)
+
+    def resize(self, count: int) -> None:
+        """Start threads, or ask the newest to stop after their current batch (without waiting)."""
+        while len(self.threads) < count:
+            stop = threading.Event()
+            thread = threading.Thread(target=self._main, args=(stop, self.started), daemon=True,
+                                      name=f"{self.name}-{self.started}")
+            thread.start()
+            self.threads.append((thread, stop))
+            self.started += 1
+        while len(self.threads) > count:
+            thread, stop = self.threads.pop()
+            stop.set()
+            self.retiring.append(thread)
+        self.retiring = [t for t in self.retiring if t.is_alive()]
+
+    def _main(self, stop: threading.Event, serial: int) -> None:
+        try:
+            self.target(stop, serial)
+        except BaseException as error:
+            self.error = self.error or error
+            self.run.request_stop(f"{self.name} failed: {error!r}")
+
+    def close(self) -> None:
+        self.resize(0)
+        for thread in self.retiring:
+            thread.join(_JOIN_TIMEOUT_S)
+
+
+def training_batch(model: nn.Module, seg: dict[str, np.ndarray], gamma: float,
+                   device: torch.device) -> dict[str, Tensor]:
+    """The learner's batch from copied segments (``Channels.segments``), truncation bootstrap folded in."""
+    targets = [step_targets(model, seg["reward"][t], seg["terminated"][t], seg["truncated"][t], seg["final_obs"][t],
+                            gamma, device) for t in range(len(seg["reward"]))]
+    batch = {name: torch.from_numpy(seg[key]).to(device) for name, key in
+             (("obs", "obs"), ("actions", "actions"), ("behaviour_logp", "logp"), ("policy_version", "version"))}
+    batch["rewards"] = torch.stack([reward for reward, _ in targets])
+    batch["discounts"] = torch.stack([discount for _, discount in targets])
+    # A segment has no V(s_T) from acting time (a2c and ga3c recompute it): the marker NaN stands in.
+    values = torch.from_numpy(seg["value"])
+    batch["behaviour_value"] = torch.cat([values, torch.full_like(values[:1], float("nan"))]).to(device)
+    return batch
+
+
+def run(cfg: RunCfg) -> dict[str, Any]:
+    arch = cfg.arch
+    with Run(cfg) as run:
+        probe = make_env(cfg.env, cfg.seed)
+        obs_space, action_space = probe.observation_space, probe.action_space
+        probe.close()
+        model = make_model(cfg.model, obs_space, action_space)
+        learner = run.learner(model)
+        device, tel = learner.device, run.telemetry
+        start = Counts(arch.num_agents, arch.num_predictors, arch.num_trainers)
+        high = Counts(max(2 * arch.num_agents, 8), MAX_THREADS, MAX_THREADS) if arch.autotune else start
+        action_dtype = np.int64 if model.policy.discrete else np.float32
+        # Agents fill at most one segment each; one trainer gathers at a time: this many never run out.
+        num_segments = arch.min_train_batch + 2 * high.agents
+        # Twice the ids: an agent that was asked to stop holds its id until it has exited.
+        channels = run.closing(Channels(channel_specs(obs_space.shape, obs_space.dtype, model.policy.action_shape(),
+                                                      action_dtype, 2 * high.agents, num_segments, arch.unroll),
+                                        num_segments))
+        agents = run.closing(AgentPool(channels, cfg.to_dict(), cfg.seed))
+        update_lock, params_lock, gather_lock = threading.Lock(), threading.Lock(), threading.Lock()
+
+        def predict(stop: threading.Event, serial: int) -> None:
+            generator = torch.Generator(device=device).manual_seed(cfg.seed * 1000 + serial)
+            while not stop.is_set():
+                ids = channels.take_requests(arch.max_predict_batch, 0.1)
+                if not len(ids):
+                    continue
+                with run.timer("act"):
+                    obs = torch.from_numpy(channels["obs"][ids]).to(device)
+                    with params_lock:
+                        version = learner.version
+                        act = policy_step(model, obs, generator)
+                    channels.answer(ids, act.actions.cpu().numpy(), act.logp.cpu().numpy(),
+                                    act.value.cpu().numpy(), version)
+                tel.count("predictions", len(ids))
+                tel.count("predict_batches")
+
+        def train(stop: threading.Event, serial: int) -> None:
+            while locked(gather_lock, stop):
+                try:
+                    slots = channels.take_segments(arch.min_train_batch, stop.is_set)
+                finally:
+                    gather_lock.release()
+                if slots is None:
+                    return
+                seg = channels.segments(slots)
+                channels.release_segments(slots)
+                with update_lock, run.timer("learn"):
+                    batch = training_batch(model, seg, cfg.algo.gamma, device)
+                    tel.add_lag(learner.version, seg["version"])
+                    metrics, _ = learner.compute_gradients(batch)
+                    with params_lock:
+                        learner.apply_gradients()
+                    run.record_env_step(seg["reward"].size, seg["episode_return"].reshape(-1))
+                    run.after_update(learner, metrics)
+
+        predictors = run.closing(ThreadGroup("ga3c-predictor", predict, run))
+        trainers = run.closing(ThreadGroup("ga3c-trainer", train, run))
+        groups = {"agents": agents, "predictors": predictors, "trainers": trainers}
+
+        def apply(counts: Counts) -> None:
+            for knob in KNOBS:
+                groups[knob].resize(getattr(counts, knob))
+                tel.gauge(f"num_{knob}", getattr(counts, knob))
+
+        apply(start)
+        meter = Meter(run, channels, cfg)
+        tuner = Autotuner(start, Counts(1, 1, 1), high, random.Random(cfg.seed)) if arch.autotune else None
+        history: list[dict[str, Any]] = []
+        while not run.should_stop():
+            run.stop_event.wait(0.1)
+            agents.check()
+            meter.sample()
+            if tuner is None or not tel.updates:
+                continue
+            if not history and meter.decision["updates"] == 0:
+                meter.tps_since_decision()  # measure from the first update on, not from the agents' start-up
+            elif meter.seconds_since_decision() >= arch.autotune_interval:
+                decision = tuner.step(meter.tps_since_decision())
+                history.append(decision.row(tel.wall_time_s))
+                apply(decision.next)
+        counts = {knob: len(groups[knob]) for knob in KNOBS}
+        agents.close()
+        for group in (predictors, trainers):
+            group.close()
+            if group.error is not None:
+                raise group.error
+        if history:
+            plot_history(history, run.out / "autotune.png")
+        return run.finish(learner, ga3c={**meter.summary(), "final_counts": counts, "autotune": history})
+
+
+class Meter:
+    """GA3C's throughput numbers: TPS, PPS, frames/s, prediction batch size, queue lengths, agent waits.
+
+    ``sample()`` (main thread, ~10 Hz) reads the queue lengths and the agents'
+    shared counters, moves the agents' env and wait time into the time split,
+    and refreshes the gauges that metrics.csv records each log interval.
+    """
+
+    def __init__(self, run: Run, channels: Channels, cfg: RunCfg):
+        self.run, self.channels, self.cfg = run, channels, cfg
+        self.frame_skip = cfg.env.frame_skip if cfg.env.is_atari else 1
+        self.queue_sums = {"prediction_queue": 0.0, "training_queue": 0.0}
+        self.samples = 0
+        self.agent_time = {"env": 0.0, "wait": 0.0}
+        self.last = self._totals()
+        self.decision = self.last
+
+    def _totals(self) -> dict[str, float]:
+        tel = self.run.telemetry
+        return {"time": time.perf_counter(), "updates": tel.updates, "predictions": tel.counters["predictions"],
+                "batches": tel.counters["predict_batches"], "steps": int(self.channels["steps"].sum())}
+
+    def sample(self) -> None:
+        tel, channels = self.run.telemetry, self.channels
+        lengths = {"prediction_queue": len(channels.requests), "training_queue": len(channels.full_segments)}
+        for name, length in lengths.items():
+            self.queue_sums[name] += length
+            tel.gauge(name, length)
+        self.samples += 1
+        for bucket, name in (("env", "env_time_s"), ("wait", "wait_time_s")):
+            total = float(channels[name].sum())
+            tel.add_time(bucket, total - self.agent_time[bucket])
+            self.agent_time[bucket] = total
+        tel.env_errors = int(channels["env_errors"].sum())
+        if tel.env_errors > self.cfg.env.max_env_errors:
+            raise RuntimeError(f"{tel.env_errors} env errors in GA3C agents exceed max_env_errors="
+                               f"{self.cfg.env.max_env_errors}; see the tracebacks above")
+        now = self._totals()
+        elapsed = now["time"] - self.last["time"]
+        if elapsed >= 1.0:
+            rates = self._rates(self.last, now)
+            for name in ("tps", "pps", "fps", "predict_batch"):
+                tel.gauge(name, rates[name])
+            self.last = now
+
+    def _rates(self, old: dict[str, float], new: dict[str, float]) -> dict[str, float]:
+        elapsed = max(new["time"] - old["time"], 1e-9)
+        batches = new["batches"] - old["batches"]
+        return {"tps": (new["updates"] - old["updates"]) / elapsed,
+                "pps": (new["predictions"] - old["predictions"]) / elapsed,
+                "fps": (new["steps"] - old["steps"]) * self.frame_skip / elapsed,
+                "predict_batch": (new["predictions"] - old["predictions"]) / batches if batches else 0.0}
+
+    def seconds_since_decision(self) -> float:
+        return time.perf_counter() - self.decision["time"]
+
+    def tps_since_decision(self) -> float:
+        now = self._totals()
+        tps = self._rates(self.decision, now)["tps"]
+        self.decision = now
+        return tps
+
+    def summary(self) -> dict[str, Any]:
+        steps = float(self.channels["steps"].sum())
+        start = {"time": self.run.telemetry.start_time, "updates": 0, "predictions": 0, "batches": 0, "steps": 0}
+        rates = self._rates(start, self._totals())
+        rates["predict_batch_mean"] = rates.pop("predict_batch")
+        return {**rates,
+                **{f"{name}_mean": total / max(self.samples, 1) for name, total in self.queue_sums.items()},
+                "agent_wait_ms_mean": 1000 * self.agent_time["wait"] / steps if steps else 0.0,
+                "segments_per_update": self.cfg.arch.min_train_batch}

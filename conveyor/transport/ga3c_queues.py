@@ -1,0 +1,465 @@
+"""GA3C's prediction and training queues, and the agent process on the other end.
+
+Storage owns memory; transport moves indices. One shared memory block
+(``SharedArrays``) holds
+
+- a *request slot* per agent id: the observation to act on, the answer
+  (action, log-prob, value, parameter version) and sequence numbers;
+- ``num_segments`` *segment slots* of t_max steps each (observations with the
+  bootstrap one, actions, rewards, flags, the truncated episodes' last
+  observations, behaviour log-probs and versions, finished episodes' returns).
+
+Three ``IndexPipe``s carry 4-byte indices, never data: ``requests`` (agent
+ids waiting for a prediction), ``free_segments`` and ``full_segments`` (the
+training queue; TorchBeast's free/full queues). Each agent also has its own
+one-byte *reply pipe*: a predictor writes the answer into the agent's slot,
+then one byte down that pipe. An agent has at most one request outstanding
+and checks that the answer carries its request's sequence number, so answers
+cannot cross between agents; segment slots circulate free -> agent -> full ->
+trainer -> free, so each is consumed once.
+
+Agents are plain ``subprocess`` children (``agent_main``) that import neither
+torch nor the parent's ``__main__``; their spec arrives as JSON on stdin.
+They ignore SIGINT (the parent stops them), stop cleanly between steps when
+their ``stop`` flag is set (returning their segment slot, with no request
+outstanding), stop at once on the ``shutdown`` flag, and exit by themselves
+when the parent dies (end of file on the reply pipe, or a changed parent pid).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import select
+import signal
+import struct
+import subprocess
+import sys
+import termios
+import threading
+import time
+import traceback
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+
+from conveyor.transport.shm import ArraySpec, SharedArrays
+
+_INDEX = np.dtype("<i4")
+# Writes of at most PIPE_BUF bytes are atomic, so 4-byte indices never interleave between writers.
+_CHUNK = select.PIPE_BUF // _INDEX.itemsize
+_POLL_MS = 500
+_AGENT_ENTRY = "from conveyor.transport.ga3c_queues import agent_main; agent_main()"
+_SINGLE_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+_CLOSE_GRACE_S = 5.0
+
+
+class IndexPipe:
+    """A multi-producer, multi-consumer queue of small int indices over one OS pipe, across processes.
+
+    Every write of whole indices up to PIPE_BUF bytes is atomic and the pipe
+    only ever holds whole indices, so any read of a multiple of 4 bytes takes
+    whole indices. Capacity is the pipe buffer (64 KiB = 16384 indices on
+    Linux); callers keep fewer than that in flight, so writes never block.
+    """
+
+    def __init__(self, fds: tuple[int, int] | None = None):
+        self.read_fd, self.write_fd = fds if fds is not None else os.pipe()
+        os.set_blocking(self.read_fd, False)
+
+    def put(self, indices: Any) -> None:
+        data = np.asarray(indices, _INDEX).reshape(-1)
+        for start in range(0, len(data), _CHUNK):
+            os.write(self.write_fd, data[start:start + _CHUNK].tobytes())
+
+    def get(self, max_count: int, timeout_s: float) -> np.ndarray:
+        """Up to ``max_count`` indices that are waiting; waits up to ``timeout_s`` for the first one."""
+        deadline = time.monotonic() + timeout_s
+        poller = select.poll()
+        poller.register(self.read_fd, select.POLLIN)
+        while True:
+            try:
+                data = os.read(self.read_fd, max_count * _INDEX.itemsize)
+                return np.frombuffer(data, _INDEX).astype(np.int64)
+            except BlockingIOError:
+                pass  # empty, or another consumer took what was there
+            left_ms = (deadline - time.monotonic()) * 1000
+            if left_ms <= 0:
+                return np.zeros(0, np.int64)
+            poller.poll(min(left_ms, _POLL_MS))
+
+    def __len__(self) -> int:
+        waiting = fcntl.ioctl(self.read_fd, termios.FIONREAD, b"\0\0\0\0")
+        return struct.unpack("i", waiting)[0] // _INDEX.itemsize
+
+    def close(self) -> None:
+        for fd in (self.read_fd, self.write_fd):
+            os.close(fd)
+
+
+def channel_specs(obs_shape: tuple[int, ...], obs_dtype: Any, action_shape: tuple[int, ...], action_dtype: Any,
+                  num_ids: int, num_segments: int, unroll: int) -> list[ArraySpec]:
+    """The layout of the shared block: ``num_ids`` request slots, ``num_segments`` segment slots of ``unroll`` steps."""
+    A, S, T = num_ids, num_segments, unroll
+    return [
+        ArraySpec("obs", (A, *obs_shape), obs_dtype),
+        ArraySpec("request_seq", (A,), "int64"),
+        ArraySpec("reply_seq", (A,), "int64"),
+        ArraySpec("action", (A, *action_shape), action_dtype),
+        ArraySpec("logp", (A,), "float32"),
+        ArraySpec("value", (A,), "float32"),
+        ArraySpec("version", (A,), "int64"),
+        ArraySpec("stop", (A,), "bool"),
+        ArraySpec("shutdown", (1,), "bool"),
+        # Per-id counters written only by the agent that holds the id; they accumulate over its holders.
+        ArraySpec("steps", (A,), "int64"),
+        ArraySpec("env_time_s", (A,), "float64"),
+        ArraySpec("wait_time_s", (A,), "float64"),
+        ArraySpec("env_errors", (A,), "int64"),
+        ArraySpec("seg_obs", (S, T + 1, *obs_shape), obs_dtype),
+        ArraySpec("seg_final_obs", (S, T, *obs_shape), obs_dtype),
+        ArraySpec("seg_actions", (S, T, *action_shape), action_dtype),
+        ArraySpec("seg_reward", (S, T), "float32"),
+        ArraySpec("seg_terminated", (S, T), "bool"),
+        ArraySpec("seg_truncated", (S, T), "bool"),
+        ArraySpec("seg_logp", (S, T), "float32"),
+        ArraySpec("seg_value", (S, T), "float32"),
+        ArraySpec("seg_version", (S, T), "int64"),
+        ArraySpec("seg_episode_return", (S, T), "float64"),
+        ArraySpec("seg_agent", (S,), "int64"),
+        ArraySpec("seg_number", (S,), "int64"),
+    ]
+
+
+# Fields that coordinate rather than carry data: they start at these values, not at the marker.
+_CONTROL_START = {"request_seq": 0, "reply_seq": -1, "stop": False, "shutdown": False, "steps": 0,
+                  "env_time_s": 0.0, "wait_time_s": 0.0, "env_errors": 0}
+
+
+class Reply(NamedTuple):
+    action: np.ndarray
+    logp: float
+    value: float
+    version: int
+
+
+class Channels:
+    """Learner side: the shared block, the three index pipes and the agents' reply pipes."""
+
+    def __init__(self, specs: list[ArraySpec], num_segments: int):
+        self.shared = SharedArrays(specs)
+        self.num_ids = self.shared["obs"].shape[0]
+        self.num_segments = num_segments
+        if max(self.num_ids, num_segments) * _INDEX.itemsize >= 65536:
+            raise ValueError(f"{self.num_ids} agent ids / {num_segments} segments exceed what one pipe holds")
+        self._fill_markers()
+        self.requests, self.free_segments, self.full_segments = IndexPipe(), IndexPipe(), IndexPipe()
+        self.free_segments.put(np.arange(num_segments))
+        self.reply_fds = [-1] * self.num_ids
+        """Write end of each agent id's reply pipe (-1: no agent holds the id)."""
+        # Held while writing to or closing a reply pipe: a predictor never writes to a closed (or reused) fd.
+        self.reply_lock = threading.Lock()
+
+    def _fill_markers(self) -> None:
+        import torch
+
+        from conveyor.storage.rollout import marker_tensor
+
+        for spec in self.shared.specs:
+            array = self.shared[spec.name]
+            if spec.name in _CONTROL_START:
+                array[...] = _CONTROL_START[spec.name]
+            else:
+                tensor = torch.from_numpy(array)
+                tensor.copy_(marker_tensor(tuple(tensor.shape), tensor.dtype))
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.shared[name]
+
+    def agent_spec(self, agent: int, reply_read: int) -> dict[str, Any]:
+        """What an agent process needs to attach (JSON-safe); the fds must be passed to it."""
+        return {"agent": agent, "specs": [list(s) for s in self.shared.specs], "shm_fd": self.shared.fd,
+                "reply_fd": reply_read,
+                "pipes": {name: [pipe.read_fd, pipe.write_fd] for name, pipe in self._pipes().items()}}
+
+    def _pipes(self) -> dict[str, IndexPipe]:
+        return {"requests": self.requests, "free_segments": self.free_segments, "full_segments": self.full_segments}
+
+    def agent_fds(self) -> tuple[int, ...]:
+        return (self.shared.fd, *(fd for pipe in self._pipes().values() for fd in (pipe.read_fd, pipe.write_fd)))
+
+    # ---- predictors ----------------------------------------------------------------------
+    def take_requests(self, max_count: int, timeout_s: float) -> np.ndarray:
+        """Every waiting request (agent ids, at least one unless ``timeout_s`` passes, at most ``max_count``)."""
+        return self.requests.get(max_count, timeout_s)
+
+    def answer(self, ids: np.ndarray, actions: np.ndarray, logp: np.ndarray, value: np.ndarray, version: int) -> None:
+        """Write each agent's answer into its slot, then wake it with one byte on its reply pipe."""
+        shared = self.shared
+        shared["action"][ids] = actions
+        shared["logp"][ids] = logp
+        shared["value"][ids] = value
+        shared["version"][ids] = version
+        shared["reply_seq"][ids] = shared["request_seq"][ids]
+        with self.reply_lock:
+            for agent in ids.tolist():
+                fd = self.reply_fds[agent]
+                if fd >= 0:
+                    try:
+                        os.write(fd, b"\1")
+                    except BrokenPipeError:
+                        pass  # the agent died; the pool reports that
+
+    def close_reply(self, agent: int) -> None:
+        with self.reply_lock:
+            fd, self.reply_fds[agent] = self.reply_fds[agent], -1
+        if fd >= 0:
+            os.close(fd)
+
+    # ---- trainers ------------------------------------------------------------------------
+    def take_segments(self, count: int, should_stop: Callable[[], bool]) -> np.ndarray | None:
+        """``count`` full segment slots, waiting as long as it takes; None (nothing taken) once ``should_stop()``."""
+        slots = np.zeros(0, np.int64)
+        while len(slots) < count:
+            if should_stop():
+                self.full_segments.put(slots)  # back to the queue: nothing taken is lost
+                return None
+            slots = np.concatenate([slots, self.full_segments.get(count - len(slots), 0.1)])
+        return slots
+
+    def segments(self, slots: np.ndarray) -> dict[str, np.ndarray]:
+        """Copies of the segments in ``slots``, time-major ``[T(+1), B, ...]`` (B = len(slots))."""
+        names = ("obs", "final_obs", "actions", "reward", "terminated", "truncated", "logp", "value", "version",
+                 "episode_return")
+        return {name: np.ascontiguousarray(self.shared[f"seg_{name}"][slots].swapaxes(0, 1)) for name in names}
+
+    def release_segments(self, slots: np.ndarray) -> None:
+        self.free_segments.put(slots)
+
+    def close(self) -> None:
+        for pipe in self._pipes().values():
+            pipe.close()
+        self.shared.close()
+
+
+class AgentPool:
+    """Starts, stops and watches agent processes, each holding one agent id of ``channels``."""
+
+    def __init__(self, channels: Channels, cfg_dict: dict[str, Any], base_seed: int):
+        self.channels = channels
+        self.cfg_dict = cfg_dict
+        self.base_seed = base_seed
+        self.started = 0
+        self.processes: dict[int, subprocess.Popen] = {}
+        """Running agents by id, oldest first."""
+        self.stopping: dict[int, subprocess.Popen] = {}
+        self.free_ids = list(range(channels.num_ids))
+
+    def __len__(self) -> int:
+        return len(self.processes)
+
+    def resize(self, count: int) -> None:
+        while len(self.processes) < count:
+            self.start()
+        while len(self.processes) > count:
+            self.stop(next(reversed(self.processes)))
+
+    def start(self) -> int:
+        deadline = time.monotonic() + _CLOSE_GRACE_S
+        while not self.free_ids:  # wait for an agent that was asked to stop to give its id back
+            if not self.stopping or time.monotonic() > deadline:
+                raise RuntimeError(f"all {self.channels.num_ids} GA3C agent ids are in use")
+            time.sleep(0.01)
+            self.check()
+        agent = self.free_ids.pop(0)
+        channels = self.channels
+        channels["stop"][agent] = False
+        reply_read, reply_write = os.pipe()
+        env = dict(os.environ)
+        for name in _SINGLE_THREAD_VARS:
+            env.setdefault(name, "1")
+        spec = {"sys_path": sys.path, "cfg": self.cfg_dict, "seed": self.base_seed + self.started,
+                "parent_pid": os.getpid(), **channels.agent_spec(agent, reply_read)}
+        try:
+            process = subprocess.Popen([sys.executable, "-c", _AGENT_ENTRY], stdin=subprocess.PIPE, env=env,
+                                       pass_fds=(*channels.agent_fds(), reply_read))
+        finally:
+            os.close(reply_read)
+        channels.reply_fds[agent] = reply_write
+        self.processes[agent] = process
+        self.started += 1
+        try:
+            process.stdin.write(json.dumps(spec).encode())
+            process.stdin.close()
+        except BrokenPipeError:
+            pass  # it died at start; check() reports it
+        return agent
+
+    def stop(self, agent: int) -> None:
+        """Ask ``agent`` to stop after its current step; its id is reused once it has exited."""
+        self.channels["stop"][agent] = True
+        self.stopping[agent] = self.processes.pop(agent)
+
+    def check(self) -> None:
+        """Reap agents that stopped when asked; raise if one exited on its own."""
+        for agent, process in list(self.stopping.items()):
+            code = process.poll()
+            if code is None:
+                continue
+            del self.stopping[agent]
+            self.channels.close_reply(agent)
+            if code == 0:  # a clean stop leaves no request outstanding: the id is safe to reuse
+                self.free_ids.append(agent)
+        for agent, process in self.processes.items():
+            if process.poll() is not None:
+                raise RuntimeError(f"GA3C agent {agent} (pid {process.pid}) exited with code {process.returncode}; "
+                                   "see its output above")
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in (*self.processes.values(), *self.stopping.values())]
+
+    def close(self) -> None:
+        """Stop every agent at once (politely, then by force); idempotent."""
+        self.channels["shutdown"][0] = True
+        everyone = {**self.processes, **self.stopping}
+        deadline = time.monotonic() + _CLOSE_GRACE_S
+        for agent, process in everyone.items():
+            try:
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            self.channels.close_reply(agent)
+        self.processes.clear()
+        self.stopping.clear()
+
+
+class AgentLink:
+    """Agent side of the protocol, for agent id ``spec["agent"]``; see the module docstring."""
+
+    def __init__(self, spec: dict[str, Any]):
+        self.agent = int(spec["agent"])
+        self.parent_pid = int(spec["parent_pid"])
+        self.shared = SharedArrays([ArraySpec(n, tuple(s), d) for n, s, d in spec["specs"]], spec["shm_fd"])
+        self.reply_fd = spec["reply_fd"]
+        pipes = spec["pipes"]
+        self.requests = IndexPipe(tuple(pipes["requests"]))
+        self.free_segments = IndexPipe(tuple(pipes["free_segments"]))
+        self.full_segments = IndexPipe(tuple(pipes["full_segments"]))
+        self.seq = int(self.shared["request_seq"][self.agent])
+        self.segments_pushed = 0
+        self._poller = select.poll()
+        self._poller.register(self.reply_fd, select.POLLIN)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.shared[name]
+
+    def stop_requested(self) -> bool:
+        return bool(self.shared["stop"][self.agent] or self.shared["shutdown"][0])
+
+    def orphaned(self) -> bool:
+        return bool(self.shared["shutdown"][0]) or os.getppid() != self.parent_pid
+
+    def predict(self, obs: np.ndarray) -> Reply | None:
+        """The answer for ``obs``; None when the run shuts down (or the parent died) first."""
+        a, shared = self.agent, self.shared
+        shared["obs"][a] = obs
+        self.seq += 1
+        shared["request_seq"][a] = self.seq
+        start = time.perf_counter()
+        self.requests.put(a)
+        while shared["reply_seq"][a] != self.seq:
+            if not self._poller.poll(_POLL_MS):
+                if self.orphaned():
+                    return None
+                continue
+            if not os.read(self.reply_fd, 64):  # end of file: the parent is gone
+                return None
+        shared["wait_time_s"][a] += time.perf_counter() - start
+        return Reply(shared["action"][a].copy(), float(shared["logp"][a]), float(shared["value"][a]),
+                     int(shared["version"][a]))
+
+    def acquire_segment(self) -> int | None:
+        """A free segment slot; None when asked to stop first."""
+        while True:
+            slot = self.free_segments.get(1, _POLL_MS / 1000)
+            if len(slot):
+                return int(slot[0])
+            if self.stop_requested() or self.orphaned():
+                return None
+
+    def push_segment(self, slot: int) -> None:
+        self.shared["seg_agent"][slot] = self.agent
+        self.shared["seg_number"][slot] = self.segments_pushed
+        self.segments_pushed += 1
+        self.full_segments.put(slot)
+
+    def release_segment(self, slot: int) -> None:
+        self.free_segments.put(slot)
+
+    def close(self) -> None:
+        self.shared.close()
+
+
+def run_agent(env: Any, link: AgentLink, unroll: int) -> None:
+    """Play ``env`` (already reset and seeded) in segments of ``unroll`` steps until asked to stop."""
+    from conveyor.envs.make import EPISODE_KEY
+
+    a = link.agent
+    steps, env_time, env_errors = link["steps"], link["env_time_s"], link["env_errors"]
+    obs, _ = env.reset()
+    slot, t = link.acquire_segment(), 0
+    while slot is not None and not link.stop_requested():
+        reply = link.predict(obs)
+        if reply is None:
+            break
+        link["seg_obs"][slot, t] = obs
+        link["seg_actions"][slot, t] = reply.action
+        link["seg_logp"][slot, t] = reply.logp
+        link["seg_value"][slot, t] = reply.value
+        link["seg_version"][slot, t] = reply.version
+        start = time.perf_counter()
+        action = reply.action.item() if reply.action.ndim == 0 else reply.action
+        try:
+            next_obs, reward, terminated, truncated, info = env.step(action)
+        except Exception:  # an env bug must not stop the run: cut the episode, reset, and count it
+            print(f"conveyor GA3C agent {a}: env raised on step:\n{traceback.format_exc()}", file=sys.stderr)
+            env_errors[a] += 1
+            next_obs, reward, terminated, truncated, info = obs, 0.0, False, True, {}
+        episode = info.get(EPISODE_KEY)
+        if terminated or truncated:
+            link["seg_final_obs"][slot, t] = next_obs
+            next_obs, reset_info = env.reset()
+            episode = episode or reset_info.get(EPISODE_KEY)
+        env_time[a] += time.perf_counter() - start
+        steps[a] += 1
+        link["seg_reward"][slot, t] = reward
+        link["seg_terminated"][slot, t] = terminated
+        link["seg_truncated"][slot, t] = truncated
+        link["seg_episode_return"][slot, t] = episode["r"] if episode else np.nan
+        obs, t = next_obs, t + 1
+        if t == unroll:
+            link["seg_obs"][slot, t] = obs
+            link.push_segment(slot)
+            slot, t = link.acquire_segment(), 0
+    if slot is not None:
+        link.release_segment(slot)
+
+
+def agent_main() -> None:
+    """Entry point of an agent process: JSON spec on stdin, then ``run_agent`` until stopped."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when agents stop
+    spec = json.loads(sys.stdin.buffer.read())
+    sys.path[:] = spec["sys_path"]
+    from conveyor.config import RunCfg
+    from conveyor.envs import make_env
+
+    cfg = RunCfg.from_dict(spec["cfg"])
+    link = AgentLink(spec)
+    env = make_env(cfg.env, spec["seed"])
+    try:
+        run_agent(env, link, cfg.arch.unroll)
+    finally:
+        env.close()
+        link.close()
