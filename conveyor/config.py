@@ -354,7 +354,7 @@ class RunCfg:
     progress: bool = True
     """Show the console progress line."""
     torch_threads: int = 0
-    """Intra-op threads of the learner's torch; 0 picks one per core."""
+    """Intra-op threads of the learner's torch; 0 picks half the cores (the env workers need the rest)."""
 
     def __post_init__(self) -> None:
         _positive(self, "total_steps", "log_interval_s", "keep_checkpoints")

@@ -1,0 +1,59 @@
+"""Ctrl-C / SIGTERM: a checkpoint is saved, the process exits within seconds, no child is left, and
+``--resume`` continues the run."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_saves_checkpoint_and_exits_without_orphans(tmp_path, sig):
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "conveyor.cli", "train", "--out", str(out), "--no-progress",
+                             "--total-steps", "100000000", "--target-return", "inf", "--torch-threads", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (out / "metrics.csv").exists() or not (out / "metrics.csv").read_text().count("\n") >= 2:
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() < deadline, "the run never started logging"
+        time.sleep(0.5)
+    workers = children_of(proc.pid)
+    assert workers, "the run should have env worker processes"
+    proc.send_signal(sig)
+    stdout, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0, stderr
+    assert "Traceback" not in stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stop_reason"] == f"signal {sig.name}"
+    assert list((out / "checkpoints").glob("*.pt"))
+    time.sleep(0.5)
+    assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()
+                and "Z" not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]]
+
+    resumed = subprocess.run([sys.executable, "-m", "conveyor.cli", "train", "--resume", str(out),
+                              "--total-steps", str(summary["env_steps"] + 2000), "--no-progress"],
+                             capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == 0, resumed.stderr
+    after = json.loads((out / "summary.json").read_text())
+    assert after["env_steps"] >= summary["env_steps"] + 2000
+    assert after["learner_version"] > summary["learner_version"]
+    assert os.path.exists(out / "config.json")
