@@ -39,17 +39,23 @@ def values_of(model: nn.Module, obs: Tensor) -> Tensor:
 
 
 def step_targets(model: nn.Module, rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
-                 final_obs: np.ndarray, gamma: float, device: torch.device | str = "cpu") -> tuple[Tensor, Tensor]:
+                 final_obs: np.ndarray | None, gamma: float, device: torch.device | str = "cpu",
+                 final_values: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Training ``(rewards, discounts)`` ``[B]`` for one step, bootstrapping truncated episodes.
 
     Only the rows that were truncated (and not terminated) get a forward pass on
-    their final observation.
+    their final observation. ``final_values`` ``[B]``, when given, is V(final_obs)
+    already computed for every row, and ``final_obs`` is not read (HTS computes it
+    in a fixed-size batch, so a row's value does not depend on which rows were cut).
     """
     reward = torch.as_tensor(rewards, dtype=torch.float32, device=device).clone()
     discount = gamma * (1.0 - torch.as_tensor(terminated, dtype=torch.float32, device=device))
     cut = np.flatnonzero(truncated & ~terminated)
     if len(cut):
-        final = torch.as_tensor(final_obs[cut], device=device)
-        reward[cut] += gamma * values_of(model, final).float()
+        if final_values is None:
+            final_values = values_of(model, torch.as_tensor(final_obs[cut], device=device))
+        else:
+            final_values = final_values[cut]
+        reward[cut] += gamma * final_values.float()
         discount[cut] = 0.0
     return reward, discount

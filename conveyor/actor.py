@@ -1,0 +1,323 @@
+"""``conveyor actor``: a SEED actor, a thin loop around envs that streams to a learner.
+
+The actor knows nothing about the model. It opens one bidirectional gRPC
+stream to the learner (``--learner HOST:PORT`` or ``unix:PATH``), says
+Hello, builds the env the learner names in its Welcome (``--num-envs``
+copies, stepped by ``--num-workers`` shared-memory worker processes), and
+then loops: send every env's observation (with the previous step's reward,
+terminated/truncated flags, the final observation of truncated episodes and
+finished episodes' returns), receive the actions, step. Each episode gets a
+random run id, so the learner can tell a continued episode from a broken one.
+
+If the stream breaks, the actor retries with exponential backoff (up to
+``--retry-s`` seconds without a learner) and resumes where its envs are:
+the learner has dropped those envs' partial unrolls and starts new ones.
+A refused token prints one line and exits 2; a learner that finished
+training ends the stream with OK and the actor exits 0.
+
+``LocalActors`` starts the actor processes of ``conveyor train --arch seed``
+(``--local-actors``), passing the token through the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from conveyor.config import ConfigError, EnvCfg
+
+LOCAL_ACTOR_ENV = "CONVEYOR_LOCAL_ACTOR"
+PARENT_PID_ENV = "CONVEYOR_PARENT_PID"
+EXIT_REFUSED = 2
+EXIT_LOST = 1
+_MAX_BACKOFF_S = 5.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--learner", required=True, metavar="ADDR",
+                        help="learner address: HOST:PORT or unix:PATH (printed by `conveyor train --arch seed`)")
+    parser.add_argument("--num-envs", type=int, default=4, metavar="N", help="envs this actor steps (default: 4)")
+    parser.add_argument("--num-workers", type=int, default=1, metavar="W",
+                        help="env worker processes; must divide --num-envs (default: 1)")
+    parser.add_argument("--token-file", default="", metavar="FILE",
+                        help="file holding the learner's token (default: the CONVEYOR_TOKEN environment variable)")
+    parser.add_argument("--tls-ca", default="", metavar="PEM",
+                        help="CA certificate to verify a learner that serves TLS (--tls-cert on the learner)")
+    parser.add_argument("--retry-s", type=float, default=60.0, metavar="S",
+                        help="give up after this many seconds without reaching the learner (default: 60)")
+    parser.add_argument("--max-message-bytes", type=int, default=16 * 1024 * 1024, metavar="N",
+                        help="largest gRPC message (default: 16 MiB; match the learner's)")
+
+
+def main(args: argparse.Namespace) -> int:
+    from conveyor.transport.seed_server import read_token
+
+    if args.num_envs <= 0 or args.num_workers <= 0 or args.num_envs % args.num_workers:
+        raise ConfigError(f"--num-envs ({args.num_envs}) must be a positive multiple of --num-workers "
+                          f"({args.num_workers})")
+    token = read_token(args.token_file)
+    if not token:
+        raise ConfigError("no token: pass --token-file FILE or set CONVEYOR_TOKEN to the learner's token")
+    tls_ca = b""
+    if args.tls_ca:
+        try:
+            tls_ca = Path(args.tls_ca).read_bytes()
+        except OSError as error:
+            raise ConfigError(f"cannot read --tls-ca {args.tls_ca} ({error.strerror})") from None
+    if os.environ.get(LOCAL_ACTOR_ENV):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner handles Ctrl-C and stops us
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    actor = Actor(args.learner, token, args.num_envs, args.num_workers, tls_ca=tls_ca, retry_s=args.retry_s,
+                  max_message_bytes=args.max_message_bytes)
+    try:
+        return actor.run()
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        actor.close()
+
+
+def _exit_on_signal(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+class Refused(Exception):
+    """The learner refused this actor (token, protocol, capacity, malformed data): do not retry."""
+
+
+class Actor:
+    """One actor process: envs plus a stream to the learner that survives reconnects."""
+
+    def __init__(self, address: str, token: str, num_envs: int, num_workers: int, *, tls_ca: bytes = b"",
+                 retry_s: float = 60.0, max_message_bytes: int = 16 * 1024 * 1024) -> None:
+        import grpc
+
+        from conveyor.transport import seed_pb2_grpc
+        from conveyor.transport.seed_server import channel_options
+
+        self.address = address
+        self.token = token
+        self.num_envs = num_envs
+        self.num_workers = num_workers
+        self.retry_s = retry_s
+        options = channel_options(max_message_bytes)
+        if tls_ca:
+            self.channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(tls_ca), options=options)
+        else:
+            self.channel = grpc.insecure_channel(address, options=options)
+        self.stub = seed_pb2_grpc.SeedStub(self.channel)
+        self.name = f"{socket.gethostname()}:{os.getpid()}"
+        self.venv: Any = None
+        self.env_json = ""
+        self.rng = np.random.default_rng()
+        self.steps = 0
+
+    def run(self) -> int:
+        import grpc
+
+        lost_since: float | None = None
+        backoff = 0.1
+        parent = int(os.environ.get(PARENT_PID_ENV, "0"))
+        while True:
+            try:
+                self._session()
+                return 0  # the learner ended the stream with OK: training is over
+            except Refused as error:
+                print(f"conveyor actor: error: {error}", file=sys.stderr)
+                return EXIT_REFUSED
+            except grpc.RpcError as error:
+                code = error.code()
+                if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
+                            grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT):
+                    print(f"conveyor actor: error: learner {self.address} refused this actor: {error.details()}",
+                          file=sys.stderr)
+                    return EXIT_REFUSED
+                now = time.monotonic()
+                lost_since = lost_since or now
+                if now - lost_since > self.retry_s:
+                    print(f"conveyor actor: error: lost learner {self.address} for {self.retry_s:.0f}s "
+                          f"({code.name}: {error.details()}); giving up", file=sys.stderr)
+                    return EXIT_LOST
+                if parent and os.getppid() != parent:
+                    return EXIT_LOST  # the learner that started us is gone
+                time.sleep(backoff * (1.0 + random.random()))
+                backoff = min(2 * backoff, _MAX_BACKOFF_S)
+                continue
+            finally:
+                if self.steps:  # this session made progress: a later loss starts a fresh backoff
+                    lost_since, backoff, self.steps = None, 0.1, 0
+
+    def _session(self) -> None:
+        """One stream: Hello, Welcome, then step until the stream ends (returns) or breaks (raises)."""
+        from conveyor.transport import seed_pb2, wire
+        from conveyor.transport.seed_server import PROTOCOL_VERSION, auth_metadata
+
+        outbox: queue.Queue[Any] = queue.Queue()
+        call = self.stub.Act(_drain(outbox), metadata=auth_metadata(self.token))
+        try:
+            outbox.put(seed_pb2.ActorMessage(hello=seed_pb2.Hello(
+                protocol=PROTOCOL_VERSION, num_envs=self.num_envs, actor_name=self.name)))
+            replies = iter(call)
+            welcome = next(replies).welcome
+            self._ensure_envs(welcome.env_config_json, int(welcome.env_seed))
+            env_ids = np.asarray(welcome.env_ids, dtype=np.int64)
+            if len(env_ids) != self.num_envs:
+                raise Refused(f"learner gave {len(env_ids)} env slots for {self.num_envs} envs")
+            message = self._step_message(env_ids, 0.0, 0.0, None)
+            sent = time.perf_counter()
+            outbox.put(message)
+            for reply in replies:
+                latency = time.perf_counter() - sent
+                actions = wire.decode(reply.actions.action, "action", length=self.num_envs)
+                start = time.perf_counter()
+                result = self.venv.step(actions)
+                env_time = time.perf_counter() - start
+                self.steps += 1
+                message = self._step_message(env_ids, env_time, latency, result)
+                sent = time.perf_counter()
+                outbox.put(message)
+        except StopIteration:  # the stream closed before Welcome
+            raise Refused("the learner closed the stream before welcoming this actor") from None
+        finally:
+            outbox.put(None)
+            call.cancel()
+
+    def _ensure_envs(self, env_json: str, seed: int) -> None:
+        """Build the learner's env (again only when the learner names a different one)."""
+        from conveyor.envs import make_vector_env
+
+        if self.venv is not None and env_json == self.env_json:
+            return
+        self.close()
+        try:
+            fields = json.loads(env_json)
+            fields["env_args"] = tuple(tuple(kv) for kv in fields.get("env_args", ()))
+            fields.update(num_envs=self.num_envs, num_workers=self.num_workers)
+            cfg = EnvCfg(**fields)
+        except (ValueError, TypeError, ConfigError) as error:
+            raise Refused(f"the learner's env config is unusable: {error}") from None
+        self.venv = make_vector_env(cfg, seed)
+        self.env_json = env_json
+        self.obs = self.venv.reset()
+        self.run_ids = self._new_run_ids(self.num_envs)
+
+    def _new_run_ids(self, count: int) -> np.ndarray:
+        return self.rng.integers(0, np.iinfo(np.int64).max, size=count, dtype=np.int64)
+
+    def _step_message(self, env_ids: np.ndarray, env_time: float, latency: float, result: Any) -> Any:
+        """The Step for the current observations; ``result`` is the env step that produced them (None on a
+        stream's first Step, whose reward and flags the learner ignores)."""
+        from conveyor.transport import seed_pb2, wire
+
+        k = self.num_envs
+        if result is None:
+            reward, terminated, truncated = np.zeros(k, np.float32), np.zeros(k, bool), np.zeros(k, bool)
+            final_obs, returns = self.obs[:0], np.full(k, np.nan, np.float32)
+        else:
+            self.obs = result.obs
+            reward, terminated, truncated = result.reward, result.terminated, result.truncated
+            final_obs = result.final_obs[truncated & ~terminated]
+            returns = result.episode_return
+            ended = terminated | truncated
+            if ended.any():
+                self.run_ids[ended] = self._new_run_ids(int(ended.sum()))
+        step = seed_pb2.Step(env_time_s=env_time, latency_s=latency)
+        wire.encode(env_ids, step.env_ids)
+        wire.encode(self.run_ids, step.run_ids)
+        wire.encode(self.obs, step.observation)
+        wire.encode(np.asarray(reward, np.float32), step.reward)
+        wire.encode(np.asarray(terminated, bool), step.terminated)
+        wire.encode(np.asarray(truncated, bool), step.truncated)
+        wire.encode(final_obs, step.final_observation)
+        wire.encode(np.asarray(returns, np.float32), step.episode_return)
+        return seed_pb2.ActorMessage(step=step)
+
+    def close(self) -> None:
+        if self.venv is not None:
+            self.venv.close()
+            self.venv = None
+
+
+def _drain(outbox: queue.Queue[Any]) -> Iterator[Any]:
+    """The request stream: messages from ``outbox`` until None."""
+    while True:
+        message = outbox.get()
+        if message is None:
+            return
+        yield message
+
+
+class LocalActors:
+    """The actor processes ``conveyor train --arch seed`` starts itself; restarts ones that die."""
+
+    def __init__(self, count: int, address: str, token: str, *, num_envs: int, num_workers: int,
+                 log_dir: Path, tls_ca: str = "", max_message_bytes: int = 16 * 1024 * 1024,
+                 max_restarts: int = 10) -> None:
+        self.address = address
+        # ``-m conveyor.actor`` rather than ``conveyor actor``: the CLI imports torch, an actor never needs it.
+        self.args = [sys.executable, "-m", "conveyor.actor", "--learner", address,
+                     "--num-envs", str(num_envs), "--num-workers", str(num_workers), "--retry-s", "30",
+                     "--max-message-bytes", str(max_message_bytes)]
+        if tls_ca:
+            self.args += ["--tls-ca", tls_ca]
+        self.env = {**os.environ, "CONVEYOR_TOKEN": token, LOCAL_ACTOR_ENV: "1", PARENT_PID_ENV: str(os.getpid()),
+                    "OMP_NUM_THREADS": "1"}
+        self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.max_restarts = max_restarts
+        self.restarts = 0
+        self.processes: list[subprocess.Popen] = []
+        for index in range(count):
+            self.processes.append(self._start(index))
+
+    def _start(self, index: int) -> subprocess.Popen:
+        with open(self.log_dir / f"actor-{index}.log", "ab") as log:
+            return subprocess.Popen(self.args, env=self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+
+    def restart_dead(self) -> int:
+        """Start a new process for every actor that exited; returns how many. Raises after max_restarts."""
+        started = 0
+        for index, process in enumerate(self.processes):
+            if process.poll() is None:
+                continue
+            if self.restarts >= self.max_restarts:
+                raise RuntimeError(f"local actor {index} exited ({process.returncode}) after {self.restarts} "
+                                   f"restarts; see {self.log_dir / f'actor-{index}.log'}")
+            self.processes[index] = self._start(index)
+            self.restarts += 1
+            started += 1
+        return started
+
+    def close(self, grace_s: float = 5.0) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.terminate()
+        deadline = time.monotonic() + grace_s
+        for process in self.processes:
+            try:
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+if __name__ == "__main__":
+    _parser = argparse.ArgumentParser(prog="conveyor actor", description=__doc__.splitlines()[0])
+    add_arguments(_parser)
+    try:
+        sys.exit(main(_parser.parse_args()))
+    except ConfigError as _error:
+        print(f"conveyor actor: error: {_error}", file=sys.stderr)
+        sys.exit(EXIT_REFUSED)

@@ -1,0 +1,161 @@
+"""SEED RL (Espeholt et al. 2020): central batched inference on the learner, thin actors over gRPC.
+
+The learner process runs a gRPC server (``transport.seed_server``) with one
+bidirectional stream per actor. Actors (``conveyor actor``, here or on other
+machines; ``--local-actors`` of them are started by this run) only step
+envs: every step they send observations and receive actions. On the
+learner, three kinds of threads (paper figure 3):
+
+1. inference: the batcher gathers steps from all streams (up to
+   ``--inference-batch`` env rows or ``--inference-timeout-ms``) into one
+   forward pass, keeps every env's partial unroll, and pushes finished
+   ``--unroll``-step unrolls to a queue (``transport.batcher``);
+2. prefetch: builds batches of ``--batch-size`` unrolls
+   (``storage.unrolls``);
+3. training (this thread): V-trace updates. Parameters change under the
+   inference thread's feet, so one unroll can mix policy versions; each
+   step records its own, and the lag histogram shows the mix.
+
+Only the parameter update and the acting forward pass hold the lock that
+keeps them from interleaving.
+
+With ``--algo r2d2`` (``conveyor.r2d2``) the policy acts epsilon-greedily
+through an LSTM with per-actor epsilons, inference cuts each env's stream
+into ``--seq-len`` sequences overlapping by half (each with the LSTM state it
+started from), the sink is a prioritized replay on the learner, and the
+training thread samples it once ``--min-replay`` sequences are stored and
+writes the new priorities back after each update.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import threading
+from typing import Any
+
+import torch
+
+from conveyor.acting import policy_step, values_of
+from conveyor.actor import LocalActors
+from conveyor.config import ConfigError, RunCfg
+from conveyor.envs import make_env
+from conveyor.learner import Learner
+from conveyor.models import make_model
+from conveyor.r2d2 import ReplayLearning
+from conveyor.run import Run
+from conveyor.storage.unrolls import FieldSpec, Prefetcher, UnrollQueue
+from conveyor.transport.batcher import Batcher, InferenceStats
+from conveyor.transport.inference import ActInput, ActOutput, CentralInference, unroll_fields
+from conveyor.transport.seed_server import SeedServer, learner_token, unix_socket_path
+
+
+class ActorCriticPolicy:
+    """V-trace acting on the learner: sample from the learner's own model, keep behaviour log-probs."""
+
+    step_fields = {"behaviour_logp": FieldSpec((), torch.float32)}
+    state_fields: dict[str, FieldSpec] = {}
+
+    def __init__(self, learner: Learner, lock: threading.Lock, seed: int) -> None:
+        self.learner = learner
+        self.lock = lock
+        self.generator = torch.Generator(device=learner.device).manual_seed(seed)
+        family = learner.model.policy
+        self.action_spec = FieldSpec(family.action_shape(), torch.int64 if family.discrete else torch.float32)
+
+    def initial_state(self, n: int) -> tuple[torch.Tensor, ...]:
+        return ()
+
+    def act(self, inputs: ActInput) -> ActOutput:
+        obs = inputs.obs.to(self.learner.device)
+        with self.lock:
+            version = self.learner.version
+            action = policy_step(self.learner.model, obs, self.generator)
+        return ActOutput(action.actions, version, {"behaviour_logp": action.logp})
+
+    def bootstrap_values(self, inputs: ActInput) -> torch.Tensor:
+        with self.lock:
+            return values_of(self.learner.model, inputs.obs.to(self.learner.device))
+
+
+def check_config(cfg: RunCfg) -> None:
+    if cfg.model.lstm_size and cfg.algo.name == "vtrace":
+        raise ConfigError("--arch seed --algo vtrace runs feed-forward models: drop --lstm-size")
+    if cfg.arch.listen.startswith("unix:") and len(unix_socket_path(cfg.arch.listen)) > 100:
+        raise ConfigError(f"unix socket path {unix_socket_path(cfg.arch.listen)!r} is too long (unix sockets "
+                          "allow about 100 characters): pick a shorter --listen unix:PATH")
+
+
+def run(cfg: RunCfg) -> dict[str, Any]:
+    check_config(cfg)
+    arch = cfg.arch
+    with Run(cfg) as run:
+        probe = make_env(cfg.env, cfg.seed)
+        obs_space, action_space = probe.observation_space, probe.action_space
+        probe.close()
+        params_lock = threading.Lock()
+        obs_spec = FieldSpec(tuple(obs_space.shape), torch.from_numpy(obs_space.sample()).dtype, "obs")
+        r2d2 = None
+        if cfg.algo.name == "r2d2":
+            env_slots = max(1, arch.local_actors) * cfg.env.num_envs  # per-actor epsilons over these
+            r2d2 = ReplayLearning.build(run, obs_space, action_space, params_lock, env_slots)
+            learner, policy = r2d2.learner, r2d2.policy
+            unroll, overlap, sink = arch.seq_len, arch.seq_len // 2, r2d2.sink
+        else:
+            learner = run.learner(make_model(cfg.model, obs_space, action_space))
+            policy = ActorCriticPolicy(learner, params_lock, cfg.seed)
+            unrolls = run.closing(UnrollQueue(arch.unroll, unroll_fields(policy, obs_spec), 2 * arch.batch_size))
+            unroll, overlap, sink = arch.unroll, 0, unrolls.put
+        stats = InferenceStats()
+        inference = CentralInference(policy, obs_spec, unroll, cfg.algo.gamma, sink, overlap=overlap, stats=stats,
+                                     on_steps=run.record_env_step, timer=run.timer)
+        batcher = run.closing(Batcher(inference.process, arch.inference_batch, arch.inference_timeout_ms / 1000.0,
+                                      stats=stats))
+        token = learner_token(arch.token_file, local_only=arch.local_actors > 0)
+        server = run.closing(SeedServer(
+            batcher, inference.release, listen=arch.listen, token=token,
+            env_config_json=_env_json(cfg), obs_shape=obs_space.shape, obs_dtype=obs_space.dtype, base_seed=cfg.seed,
+            max_message_bytes=arch.max_message_bytes, tls_cert=arch.tls_cert, tls_key=arch.tls_key, stats=stats))
+        batcher.expected_rows = lambda: server.open_envs  # all open streams waiting: no reason to wait longer
+        address = server.start()
+        (run.out / "learner_address").write_text(address + "\n")
+        print(f"seed: learner listening on {address}; actors join with "
+              f"`conveyor actor --learner {address} --num-envs N` and the token", file=sys.stderr)
+        actors = None
+        if arch.local_actors:
+            actors = run.closing(LocalActors(arch.local_actors, address, token, num_envs=cfg.env.num_envs,
+                                             num_workers=cfg.env.num_workers, log_dir=run.out / "actors",
+                                             tls_ca=arch.tls_cert, max_message_bytes=arch.max_message_bytes))
+        prefetch = run.closing(r2d2 if r2d2 is not None else Prefetcher(unrolls, arch.batch_size, learner.device))
+        while not run.should_stop():
+            batcher.raise_if_failed()
+            if actors is not None:
+                run.telemetry.restarts += actors.restart_dead()
+            run.telemetry.add_time("env", stats.take_env_time())
+            run.telemetry.gauge("actors_connected", stats.actors_connected)
+            run.telemetry.gauge("inference_batch_mean", stats.mean_batch)
+            if r2d2 is not None:
+                run.telemetry.gauge("replay_sequences", len(r2d2.replay))
+            else:
+                run.telemetry.gauge("unroll_queue", len(unrolls))
+            with run.timer("wait"):
+                batch = prefetch.get(timeout_s=0.2)
+            if batch is None:
+                run.telemetry.maybe_log()
+                continue
+            with run.timer("learn"):
+                run.telemetry.add_lag(learner.version, batch["policy_version"].cpu().numpy())
+                if r2d2 is not None:
+                    metrics = r2d2.train(batch)
+                else:
+                    metrics, _ = learner.compute_gradients(batch)
+                    with params_lock:
+                        learner.apply_gradients()
+            run.after_update(learner, metrics)
+        return run.finish(learner, inference={**stats.summary(), "address": address})
+
+
+def _env_json(cfg: RunCfg) -> str:
+    """The env config actors build (their own num_envs and num_workers replace these)."""
+    return json.dumps(dataclasses.asdict(cfg.env))

@@ -1,0 +1,283 @@
+"""R2D2 on any architecture that runs inference on the learner (SEED RL section 3.2, table 8).
+
+The parts, none tied to the gRPC transport:
+
+- ``R2D2Policy``: epsilon-greedy acting with per-actor epsilons, plugged
+  into ``transport.inference.CentralInference``, which keeps each env's LSTM
+  state, previous action and reward on the learner and cuts its stream into
+  overlapping sequences that start with the state the actor used.
+- ``ReplayLearning``: the replay as the sequences' sink, prioritized
+  sampling once ``min_replay`` sequences are stored, and priority write-back.
+- ``R2D2Learner``: a ``Learner`` whose update burns the LSTM in without
+  gradient, runs the target network, applies the transformed n-step
+  double-Q loss (``conveyor.algos.r2d2``), and syncs the target network every
+  ``target_update_interval`` updates. It returns the new sequence priorities.
+- ``make_replay``: the prioritized sequence replay for a run, refused at
+  start when it cannot fit the memory budget.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import threading
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from conveyor.config import AlgoCfg, ConfigError, ModelCfg, RunCfg
+from conveyor.learner import Learner, LossFn
+from conveyor.models import make_model
+from conveyor.returns import value_rescale_inverse
+from conveyor.run import Run
+from conveyor.storage.replay import STATE_KEYS, SequenceReplay, check_replay_fits
+from conveyor.storage.unrolls import FieldSpec
+from conveyor.transport.inference import ActInput, ActOutput
+
+SEED_MAX_GRAD_NORM = 80.0
+"""Global gradient-norm clip of R2D2 (SEED table 8), used unless ``--max-grad-norm`` names another value."""
+
+
+def actor_epsilons(num_actors: int, base: float = 0.4, alpha: float = 7.0) -> Tensor:
+    """Per-actor exploration ``eps_i = base ** (1 + alpha i / (N - 1))`` for i in [0, N) (Ape-X, R2D2, SEED
+    table 8): from 0.4 down to 0.4 ** 8 = 6.6e-4. One actor gets ``base``."""
+    i = torch.arange(num_actors, dtype=torch.float64)
+    exponent = 1 + alpha * i / max(num_actors - 1, 1)
+    return (base ** exponent).float()
+
+
+def epsilon_greedy(q: Tensor, epsilon: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    """Greedy actions of ``q [B, A]``, replaced by a uniform action with probability ``epsilon [B]``."""
+    B, A = q.shape
+    explore = torch.rand(B, generator=generator) < epsilon.cpu()
+    uniform = torch.randint(A, (B,), generator=generator)
+    return torch.where(explore, uniform, q.argmax(-1).cpu())
+
+
+def r2d2_model_cfg(cfg: RunCfg) -> ModelCfg:
+    """The model config with an LSTM core: ``--lstm-size`` when given, else 512 on Atari (R2D2) and 64 otherwise."""
+    if cfg.model.lstm_size:
+        return cfg.model
+    return dataclasses.replace(cfg.model, lstm_size=512 if cfg.env.is_atari else 64)
+
+
+def make_replay(cfg: RunCfg, observation_space: gym.spaces.Box, lstm_size: int) -> SequenceReplay:
+    """The run's sequence replay; ``ConfigError`` (with the bytes needed) when it cannot fit."""
+    arch = cfg.arch
+    if arch.min_replay > arch.replay_capacity:
+        raise ConfigError(f"min_replay ({arch.min_replay}) exceeds replay_capacity ({arch.replay_capacity}): "
+                          "learning would never start; lower --min-replay")
+    obs_dtype = torch.from_numpy(np.zeros((), observation_space.dtype)).dtype
+    check_replay_fits(arch.replay_capacity, arch.seq_len, observation_space.shape, obs_dtype, lstm_size,
+                      arch.replay_bytes)
+    return SequenceReplay(arch.replay_capacity, arch.seq_len, observation_space.shape, obs_dtype, lstm_size,
+                          priority_exponent=cfg.algo.priority_exponent,
+                          importance_exponent=cfg.algo.importance_exponent)
+
+
+class R2D2Policy:
+    """Epsilon-greedy acting on the learner's online network, for ``transport.inference.CentralInference``.
+
+    Env slot ``i`` acts with ``epsilons[i % len(epsilons)]``. The LSTM state
+    ``(state_h, state_c)`` of every slot is kept by ``CentralInference`` and
+    stored at each sequence's start (kind ``start``). The value of a truncated
+    episode's final observation is ``h^-1(max_a Q(final, a))``, Q in
+    rescaled space. ``lock`` keeps the forward off parameters mid-update.
+    """
+
+    step_fields: dict[str, FieldSpec] = {}
+
+    def __init__(self, learner: Learner, lock: threading.Lock, epsilons: Tensor, seed: int,
+                 value_rescale_eps: float = 1e-3):
+        self.learner = learner
+        self.lock = lock
+        self.epsilons = epsilons.float().cpu()
+        self.value_rescale_eps = value_rescale_eps
+        self.generator = torch.Generator().manual_seed(seed)
+        self.lstm_size = learner.model.lstm_size
+        self.action_spec = FieldSpec((), torch.int64)
+        self.state_fields = {name: FieldSpec((self.lstm_size,), torch.float32, "start") for name in STATE_KEYS}
+
+    def initial_state(self, n: int) -> tuple[Tensor, Tensor]:
+        return torch.zeros(n, self.lstm_size), torch.zeros(n, self.lstm_size)
+
+    @torch.no_grad()
+    def _q(self, inputs: ActInput, done: Tensor | None) -> tuple[Tensor, tuple[Tensor, Tensor], int]:
+        device = self.learner.device
+        state = tuple(s.to(device).unsqueeze(0) for s in inputs.state)
+        done = None if done is None else done.to(device).unsqueeze(0)
+        with self.lock:
+            out = self.learner.model(inputs.obs.to(device).unsqueeze(0), state, done,
+                                     inputs.prev_action.to(device).unsqueeze(0),
+                                     inputs.prev_reward.to(device).unsqueeze(0))
+            version = self.learner.version
+        return out.q[0], tuple(s[0].cpu() for s in out.state), version
+
+    def act(self, inputs: ActInput) -> ActOutput:
+        q, state, version = self._q(inputs, inputs.first)
+        epsilon = self.epsilons[inputs.slots % len(self.epsilons)]
+        return ActOutput(epsilon_greedy(q, epsilon, self.generator), version, {}, state)
+
+    def bootstrap_values(self, inputs: ActInput) -> Tensor:
+        q, _, _ = self._q(inputs, None)
+        return value_rescale_inverse(q.max(-1).values, self.value_rescale_eps)
+
+
+class ReplayLearning:
+    """R2D2's learning side next to central inference: finished sequences go into the replay (``sink``),
+    the training loop takes prioritized ``get`` batches and ``train``s on them. ``build`` makes the whole
+    R2D2 set for a run: learner, acting policy, replay.
+
+    Learning starts once ``min_replay`` sequences are stored. With ``replay_ratio`` r > 0 the learner
+    samples at most r sequences per sequence inserted after that (SEED: one update per
+    ``batch_size / r`` new sequences), and the sink (the inference thread, hence every actor) waits
+    while inserts run more than ``AHEAD_UPDATES`` updates' worth ahead of the learner: updates per env
+    step are then fixed by the configuration, not by which side happens to be faster. The two waits
+    exclude each other (the learner waits only when it has sampled more than r times the inserts since
+    ``min_replay``, the sink only when r times those inserts exceed the samples), so they cannot deadlock;
+    both also give up on ``close``.
+    """
+
+    AHEAD_UPDATES = 2
+
+    def __init__(self, learner: "R2D2Learner", policy: R2D2Policy, replay: SequenceReplay, min_replay: int,
+                 batch_size: int, lock: threading.Lock, seed: int, replay_ratio: float = 0.0):
+        self.learner = learner
+        self.policy = policy
+        self.replay = replay
+        self.min_replay = min_replay
+        self.batch_size = batch_size
+        self.replay_ratio = replay_ratio
+        self.lock = lock
+        self.rng = np.random.default_rng(seed)
+        self.sampled = 0  # sequences this learner has sampled (batch_size per update)
+        self._cond = threading.Condition()
+        self._closed = False
+
+    @classmethod
+    def build(cls, run: Run, observation_space: gym.spaces.Box, action_space: gym.Space, lock: threading.Lock,
+              num_actors: int) -> "ReplayLearning":
+        """For ``run.cfg``; the replay's memory is checked first, before anything else is made."""
+        cfg = run.cfg
+        model_cfg = r2d2_model_cfg(cfg)
+        replay = make_replay(cfg, observation_space, model_cfg.lstm_size)
+        model = make_model(model_cfg, observation_space, action_space, dueling=True)
+        learner = run.learner(model, learner_cls=R2D2Learner)
+        policy = R2D2Policy(learner, lock, actor_epsilons(num_actors), cfg.seed, cfg.algo.value_rescale_eps)
+        return cls(learner, policy, replay, cfg.arch.min_replay, cfg.arch.batch_size, lock, cfg.seed,
+                   cfg.arch.replay_ratio)
+
+    def _fresh(self) -> int:
+        """Sequences inserted since learning could start."""
+        return self.replay.inserted - self.min_replay
+
+    def _may_learn(self) -> bool:
+        if self.replay.inserted < self.min_replay:
+            return False
+        return not self.replay_ratio or self.sampled <= self.replay_ratio * self._fresh()
+
+    def _may_insert(self) -> bool:
+        return (not self.replay_ratio
+                or self.replay_ratio * self._fresh() <= self.sampled + self.AHEAD_UPDATES * self.batch_size)
+
+    def sink(self, slot: int, sequence: dict[str, Tensor]) -> None:
+        """Store a finished sequence; waits while the learner is behind (a closed run drops it)."""
+        with self._cond:
+            while not self._may_insert() and not self._closed:
+                self._cond.wait(0.1)
+            if self._closed:
+                return
+        self.replay.add(sequence)
+        with self._cond:
+            self._cond.notify_all()
+
+    def get(self, timeout_s: float) -> dict[str, Tensor] | None:
+        """A prioritized batch, or None when the learner may not learn yet within ``timeout_s``."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._may_learn() or self._closed, timeout_s) or self._closed:
+                return None
+            self.sampled += self.batch_size
+            self._cond.notify_all()
+        return self.replay.sample(self.batch_size, self.rng, self.learner.device)
+
+    def train(self, batch: dict[str, Tensor]) -> dict[str, float]:
+        """One update on a ``get`` batch; the new priorities go back to replay."""
+        metrics, priorities = self.learner.learn(batch, self.lock)
+        self.replay.update_priorities(batch["ids"], priorities)
+        return metrics
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+
+class R2D2Learner(Learner):
+    """A ``Learner`` with a target network and burn-in; ``learn(batch)`` is one R2D2 update.
+
+    A replay batch covers whole sequences (``L + 1`` observations).
+    The first ``burn_in`` steps only warm the LSTM up from the stored state
+    (no gradient); the loss covers the remaining ``L - burn_in`` transitions.
+    The target network runs over the whole sequence from the same stored
+    state, so its state at the learning part is burned in too.
+    """
+
+    def __init__(self, model: nn.Module, loss_fn: LossFn, cfg: RunCfg):
+        super().__init__(model, self._loss_keeping_priorities, cfg)
+        if cfg.algo.max_grad_norm == AlgoCfg.__dataclass_fields__["max_grad_norm"].default:
+            self.max_grad_norm = SEED_MAX_GRAD_NORM  # the config's default is PAAC's 40; SEED's R2D2 clips at 80
+        self.r2d2_loss = loss_fn
+        self.target_model = copy.deepcopy(self.model).requires_grad_(False)
+        self.burn_in = cfg.arch.burn_in
+        self.target_update_interval = cfg.arch.target_update_interval
+        self.priorities = torch.zeros(0)  # of the last update's batch
+
+    def _loss_keeping_priorities(self, model_out: Any, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        loss, metrics = self.r2d2_loss(model_out, batch)
+        self.priorities = metrics["priorities"]
+        return loss, metrics
+
+    def forward(self, batch: dict[str, Tensor]) -> Any:
+        return self.model(batch["obs"], batch["state"], batch["first"], batch["prev_action"], batch["prev_reward"])
+
+    def learning_batch(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        """The learning part of sampled sequences: burned-in online state, target-network Q, sliced steps."""
+        K = self.burn_in
+        state = (batch["state_h"].unsqueeze(0), batch["state_c"].unsqueeze(0))
+        with torch.no_grad():
+            target_q = self.target_model(batch["obs"], state, batch["first"], batch["prev_action"],
+                                         batch["prev_reward"]).q[K:]
+            if K:
+                state = self.model(batch["obs"][:K], state, batch["first"][:K], batch["prev_action"][:K],
+                                   batch["prev_reward"][:K]).state
+        learn = {key: batch[key][K:] for key in ("obs", "first", "prev_action", "prev_reward", "actions", "rewards",
+                                                 "discounts", "policy_version")}
+        learn.update(state=state, target_q=target_q, weights=batch["weights"])
+        return learn
+
+    def learn(self, batch: dict[str, Tensor], params_lock: Any = None) -> tuple[dict[str, float], Tensor]:
+        """One update on a replay batch; returns the metrics and the ``[B]`` priorities to write back.
+        ``params_lock`` (held only while the optimizer steps) keeps acting forwards off half-updated weights."""
+        metrics, _ = self.compute_gradients(self.learning_batch(batch))
+        with params_lock or contextlib.nullcontext():
+            self.apply_gradients()
+        if self.version % self.target_update_interval == 0:
+            self.sync_target()
+        return metrics, self.priorities
+
+    def sync_target(self) -> None:
+        self.target_model.load_state_dict(self.model.state_dict())
+
+    def state(self, **extra: Any) -> dict[str, Any]:
+        return super().state(target_model=self.target_model.state_dict(), **extra)
+
+    def restore(self, state: dict[str, Any], path: Any = "checkpoint") -> None:
+        super().restore(state, path)
+        if "target_model" in state:
+            self.target_model.load_state_dict(state["target_model"])
+        else:
+            self.sync_target()

@@ -1,0 +1,231 @@
+"""SEED's central inference: env rows in, actions out, every env's state kept on the learner.
+
+``CentralInference.process`` is what the ``Batcher`` calls with the steps of
+many actors. For each batch it closes each env's previous transition
+(reward, discount ``gamma * (1 - terminated)``, and at a truncated step
+``gamma * V(final_obs)`` folded into the reward with discount 0, as
+``acting.step_targets`` does for vector envs), appends the new observation
+to the env's partial unroll (``storage.unrolls.PartialUnrolls``), runs the
+policy once on all rows with each env's recurrent state, records the
+action, the policy's per-step values and the learner version that acted,
+and returns each request its own actions. Finished unrolls go to a sink.
+
+Extension points (R2D2 plugs in here):
+
+- the ``Policy``: what acts. V-trace samples from the actor-critic and keeps
+  behaviour log-probs (``architectures.seed.ActorCriticPolicy``). R2D2
+  would take epsilon-greedy actions with ``eps_i = 0.4 ** (1 + 7 i / (N - 1))``
+  for env slot ``i`` (``ActInput.slots``), declare its LSTM state in
+  ``state_fields`` with ``initial_state``, read ``ActInput.first``,
+  ``prev_action``, ``prev_reward``, and give ``bootstrap_values`` from its
+  Q-values;
+- the unroll sink: V-trace ``UnrollQueue.put``; R2D2 inserts the sequence
+  (``obs``, ``actions``, ``rewards``, ``discounts``, ``first``,
+  ``prev_action``, ``prev_reward``, start state) into replay;
+- ``overlap``: consecutive sequences share that many steps (R2D2: 40 of 80).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, ContextManager, Protocol
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from conveyor.storage.unrolls import FieldSpec, PartialUnrolls, UnrollSink
+from conveyor.transport.batcher import EnvSteps, InferenceStats
+
+
+@dataclass
+class ActInput:
+    """What the policy sees for B env rows (CPU tensors)."""
+
+    slots: Tensor  # int64 [B]: env slot ids (R2D2: per-env epsilon)
+    obs: Tensor  # [B, *obs_shape]
+    first: Tensor  # bool [B]: obs starts an episode (a recurrent core starts from initial_state)
+    prev_action: Tensor  # [B, *action_shape], zeros where first
+    prev_reward: Tensor  # float32 [B], zeros where first
+    state: tuple[Tensor, ...] = ()  # recurrent state rows [B, ...] (already reset where first)
+
+
+@dataclass
+class ActOutput:
+    actions: Tensor  # [B, *action_shape]
+    version: int  # learner version of the parameters that acted
+    extras: dict[str, Tensor] = field(default_factory=dict)  # per-step values named in Policy.step_fields
+    state: tuple[Tensor, ...] = ()  # recurrent state after the step
+
+
+class Policy(Protocol):
+    """What acts inside ``CentralInference`` (the pluggable part; see the module docstring)."""
+
+    action_spec: FieldSpec
+    """Shape and dtype of one env's action."""
+    step_fields: dict[str, FieldSpec]
+    """Per-step values ``act`` returns in ``extras`` and the unrolls store (V-trace: behaviour_logp)."""
+    state_fields: dict[str, FieldSpec]
+    """Recurrent state tensors per env, in ``ActInput.state`` order (kind ``start``); empty without a core."""
+
+    def initial_state(self, n: int) -> tuple[Tensor, ...]: ...
+
+    def act(self, inputs: ActInput) -> ActOutput: ...
+
+    def bootstrap_values(self, inputs: ActInput) -> Tensor:
+        """``[B]`` value of the final observations ``inputs.obs`` of truncated episodes."""
+        ...
+
+
+def unroll_fields(policy: Policy, obs_spec: FieldSpec) -> dict[str, FieldSpec]:
+    """Everything an unroll stores for ``policy``: the DESIGN.md rollout fields plus the policy's own."""
+    fields = {
+        "obs": FieldSpec(obs_spec.shape, obs_spec.dtype, "obs"),
+        "first": FieldSpec((), torch.bool, "obs"),
+        "actions": FieldSpec(policy.action_spec.shape, policy.action_spec.dtype, "step"),
+        "rewards": FieldSpec((), torch.float32, "step"),
+        "discounts": FieldSpec((), torch.float32, "step"),
+        "policy_version": FieldSpec((), torch.int64, "step"),
+        **policy.step_fields,
+    }
+    if policy.state_fields:
+        fields["prev_action"] = FieldSpec(policy.action_spec.shape, policy.action_spec.dtype, "obs")
+        fields["prev_reward"] = FieldSpec((), torch.float32, "obs")
+        fields.update(policy.state_fields)
+    return fields
+
+
+def _grow_rows(tensor: Tensor, rows: int, fill: float | int | bool) -> Tensor:
+    if rows <= tensor.shape[0]:
+        return tensor
+    grown = torch.full((max(rows, 2 * tensor.shape[0]), *tensor.shape[1:]), fill, dtype=tensor.dtype)
+    grown[: tensor.shape[0]] = tensor
+    return grown
+
+
+class CentralInference:
+    """``process`` of the SEED batcher: env rows in, actions out, unrolls to ``sink``. Runs on the
+    inference thread only (slot state is not locked)."""
+
+    def __init__(self, policy: Policy, obs_spec: FieldSpec, unroll: int, gamma: float, sink: UnrollSink, *,
+                 overlap: int = 0, stats: InferenceStats | None = None,
+                 on_steps: Callable[[int, np.ndarray], None] | None = None,
+                 timer: Callable[[str], ContextManager[Any]] | None = None) -> None:
+        self.policy = policy
+        self.gamma = gamma
+        self.fields = unroll_fields(policy, obs_spec)
+        self.unrolls = PartialUnrolls(unroll, self.fields, sink, overlap=overlap)
+        self.stats = stats or InferenceStats()
+        self.on_steps = on_steps
+        self.timer = timer or (lambda bucket: contextlib.nullcontext())
+        action = policy.action_spec
+        # Per slot: acted and waiting for its reward; run id of its episode; last action; recurrent state.
+        self.pending = torch.zeros(0, dtype=torch.bool)
+        self.run_id = torch.zeros(0, dtype=torch.int64)
+        self.last_action = torch.zeros((0, *action.shape), dtype=action.dtype)
+        self.state = tuple(torch.zeros((0, *spec.shape), dtype=spec.dtype) for spec in policy.state_fields.values())
+
+    def _grow(self, rows: int) -> None:
+        self.unrolls.grow(rows)
+        self.pending = _grow_rows(self.pending, rows, False)
+        self.run_id = _grow_rows(self.run_id, rows, -1)
+        self.last_action = _grow_rows(self.last_action, rows, 0)
+        self.state = tuple(_grow_rows(s, rows, 0) for s in self.state)
+
+    def release(self, slots: list[int]) -> None:
+        """Forget the slots (their stream ended): drop their partial unrolls and state."""
+        index = torch.tensor(slots, dtype=torch.int64)
+        self._grow(int(index.max()) + 1 if len(slots) else 0)
+        self._drop(index)
+
+    def _drop(self, slots: Tensor) -> None:
+        dropped = self.unrolls.reset(slots)
+        if dropped:
+            self.stats.count("partial_unrolls_dropped", dropped)
+        self.pending[slots] = False
+        self.run_id[slots] = -1
+        self.last_action[slots] = 0
+        if self.state:
+            for table, init in zip(self.state, self.policy.initial_state(len(slots))):
+                table[slots] = init
+
+    def process(self, requests: list[EnvSteps]) -> list[np.ndarray]:
+        with self.timer("act"):
+            actions = self._step(requests)
+        out = actions.numpy()
+        bounds = np.cumsum([len(r.env_ids) for r in requests])[:-1]
+        return np.split(out, bounds)
+
+    def _step(self, requests: list[EnvSteps]) -> Tensor:
+        def cat(name: str) -> Tensor:
+            return torch.from_numpy(np.concatenate([getattr(r, name) for r in requests]))
+
+        slots = cat("env_ids")
+        self._grow(int(slots.max()) + 1)
+        run_ids, obs = cat("run_ids"), cat("obs")
+        reward, terminated, truncated = cat("reward").float(), cat("terminated"), cat("truncated")
+        final_obs = cat("final_obs")
+        ended = terminated | truncated
+        pending = self.pending[slots]
+        # A step that continues an episode under a different run id: the actor lost or restarted it.
+        broken = pending & ~ended & (run_ids != self.run_id[slots])
+        if broken.any():
+            self.stats.count("discontinuities", int(broken.sum()))
+            self._drop(slots[broken])
+            pending = pending & ~broken
+
+        # 1. Close each slot's previous transition (DESIGN.md: discount = gamma (1 - terminated);
+        #    a truncated step gets gamma * V(final_obs) in its reward and discount 0).
+        discount = self.gamma * (1.0 - terminated.float())
+        cut_all = truncated & ~terminated
+        cut = pending & cut_all
+        if cut.any():
+            rows = cut.nonzero().squeeze(1)
+            cut_slots = slots[rows]
+            finals = final_obs[pending[cut_all]]
+            inputs = ActInput(cut_slots, finals, torch.zeros(len(rows), dtype=torch.bool),
+                              self.last_action[cut_slots], reward[rows], tuple(s[cut_slots] for s in self.state))
+            reward[rows] += self.gamma * self.policy.bootstrap_values(inputs).float().cpu()
+            discount[rows] = 0.0
+        closed = slots[pending]
+        self.unrolls.write("rewards", closed, reward[pending], offset=-1)
+        self.unrolls.write("discounts", closed, discount[pending], offset=-1)
+        if self.on_steps is not None:
+            self.on_steps(len(closed), np.concatenate([r.episode_return for r in requests]))
+
+        # 2. The new observation starts or continues each slot's unroll; a full unroll goes to the sink.
+        first = ~pending | ended
+        keep = (~first).view(-1, *([1] * len(self.policy.action_spec.shape)))
+        prev_action = torch.where(keep, self.last_action[slots], torch.zeros_like(self.last_action[slots]))
+        prev_reward = torch.where(first, torch.zeros_like(reward), cat("reward").float())
+        if self.state and first.any():
+            starts = slots[first]
+            for table, init in zip(self.state, self.policy.initial_state(len(starts))):
+                table[starts] = init
+        state = tuple(s[slots] for s in self.state)
+        self.unrolls.write("obs", slots, obs)
+        self.unrolls.write("first", slots, first)
+        if self.state:
+            self.unrolls.write("prev_action", slots, prev_action)
+            self.unrolls.write("prev_reward", slots, prev_reward)
+            for name, rows in zip(self.policy.state_fields, state):
+                self.unrolls.write(name, slots, rows)
+        emitted = self.unrolls.emit_full(slots)
+        if emitted:
+            self.stats.count("unrolls", emitted)
+
+        # 3. One forward for every row; record what acted.
+        out = self.policy.act(ActInput(slots, obs, first, prev_action, prev_reward, state))
+        actions = out.actions.cpu()
+        self.unrolls.write("actions", slots, actions)
+        self.unrolls.write("policy_version", slots, torch.full((len(slots),), out.version, dtype=torch.int64))
+        for name in self.policy.step_fields:
+            self.unrolls.write(name, slots, out.extras[name].cpu())
+        self.unrolls.advance(slots)
+        self.pending[slots] = True
+        self.run_id[slots] = run_ids
+        self.last_action[slots] = actions.to(self.last_action.dtype)
+        for table, rows in zip(self.state, out.state):
+            table[slots] = rows.cpu().to(table.dtype)
+        return actions

@@ -1,0 +1,301 @@
+"""The learner's gRPC server for SEED actors: one bidirectional stream per actor.
+
+A stream starts with the actor's ``Hello``; the server checks the token
+(``authorization: Bearer <token>`` metadata, constant-time compare; refused
+with UNAUTHENTICATED), gives the stream env slots and answers ``Welcome``
+(slots, env config, env seed). Each following ``Step`` is validated
+(``wire.decode``: dtypes, shapes, row counts, the stream's own slots) and
+submitted to the ``Batcher``; the reply carries that step's actions. A
+malformed step ends only its own stream (INVALID_ARGUMENT); gRPC refuses
+messages over ``max_message_bytes`` (RESOURCE_EXHAUSTED). When a stream
+ends for any reason its slots are released through the batcher, after any
+of its steps still queued, which drops only those envs' partial unrolls.
+When the learner finishes, open streams end with status OK, which tells
+actors that training is over.
+"""
+
+from __future__ import annotations
+
+import hmac
+import itertools
+import os
+import secrets
+import sys
+import threading
+from concurrent import futures
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import grpc
+import numpy as np
+
+from conveyor.config import ConfigError
+from conveyor.transport import seed_pb2, seed_pb2_grpc, wire
+from conveyor.transport.batcher import Batcher, EnvSteps, InferenceStats
+
+PROTOCOL_VERSION = 1
+TOKEN_ENV = "CONVEYOR_TOKEN"
+AUTH_KEY = "authorization"
+MAX_STREAMS = 256
+"""Concurrent actor streams (each holds one server thread while open); more are refused."""
+MAX_ENV_SLOTS = 4096
+"""Env slots over all actors; the learner keeps a partial unroll per slot, so this bounds its memory."""
+_POLL_S = 0.1
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+
+def read_token(token_file: str = "") -> str:
+    """The shared actor token from ``token_file``, else ``$CONVEYOR_TOKEN``; '' when neither is set."""
+    if token_file:
+        try:
+            token = Path(token_file).read_text().strip()
+        except OSError as error:
+            raise ConfigError(f"cannot read token file {token_file} ({error.strerror}): "
+                              "pass --token-file a readable file holding the token") from None
+        if not token:
+            raise ConfigError(f"token file {token_file} is empty: write the shared token into it")
+        return token
+    return os.environ.get(TOKEN_ENV, "").strip()
+
+
+def learner_token(token_file: str, local_only: bool) -> str:
+    """The learner's token: the configured one, else a fresh random one when all actors are local."""
+    token = read_token(token_file)
+    if token:
+        return token
+    if local_only:
+        return secrets.token_urlsafe(32)
+    raise ConfigError(f"remote actors need a shared token: pass --token-file FILE or set {TOKEN_ENV}")
+
+
+def unix_socket_path(address: str) -> str:
+    """The file of a ``unix:PATH`` or ``unix:///PATH`` address; '' for TCP addresses."""
+    if address.startswith("unix://"):
+        return address[len("unix://"):]
+    return address[len("unix:"):] if address.startswith("unix:") else ""
+
+
+def auth_metadata(token: str) -> tuple[tuple[str, str], ...]:
+    return ((AUTH_KEY, f"Bearer {token}"),)
+
+
+def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
+    return [("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
+            ("grpc.http2.max_pings_without_data", 0), ("grpc.keepalive_permit_without_calls", 1)]
+
+
+class SlotAllocator:
+    """Env slot ids: each stream gets the lowest free ones (a restarted actor gets its old ones back)."""
+
+    def __init__(self, capacity: int = MAX_ENV_SLOTS) -> None:
+        self.capacity = capacity
+        self._free = list(range(capacity))
+        self._lock = threading.Lock()
+
+    def allocate(self, count: int) -> list[int] | None:
+        with self._lock:
+            if count > len(self._free):
+                return None
+            self._free.sort()
+            slots, self._free = self._free[:count], self._free[count:]
+            return slots
+
+    def free(self, slots: list[int]) -> None:
+        with self._lock:
+            self._free.extend(slots)
+
+
+class SeedServicer(seed_pb2_grpc.SeedServicer):
+    def __init__(self, server: SeedServer) -> None:
+        self.server = server
+
+    def Act(self, request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
+        return self.server.serve_stream(request_iterator, context)
+
+
+class SeedServer:
+    """gRPC server of one learner (see the module docstring).
+
+    ``release(slots)`` is called on the inference thread when a stream ends
+    (``CentralInference.release``); ``env_config_json`` and ``env_seed`` tell
+    actors what to run; ``obs_shape``/``obs_dtype`` fix what a step must carry.
+    """
+
+    def __init__(self, batcher: Batcher, release: Callable[[list[int]], None], *, listen: str, token: str,
+                 env_config_json: str, obs_shape: tuple[int, ...], obs_dtype: np.dtype, base_seed: int,
+                 max_message_bytes: int, tls_cert: str = "", tls_key: str = "",
+                 stats: InferenceStats | None = None) -> None:
+        if not token:
+            raise ConfigError(f"the SEED server needs a token: pass --token-file FILE or set {TOKEN_ENV}")
+        self.batcher = batcher
+        self.release = release
+        self.listen = listen
+        self._expected_auth = f"Bearer {token}".encode()
+        self.env_config_json = env_config_json
+        self.obs_shape = tuple(obs_shape)
+        self.obs_dtype = np.dtype(obs_dtype)
+        self.base_seed = base_seed
+        self.max_message_bytes = max_message_bytes
+        self.stats = stats or InferenceStats()
+        self.slots = SlotAllocator()
+        self._sessions = itertools.count()
+        self._closing = threading.Event()
+        self._open_envs = 0
+        self._lock = threading.Lock()
+        self.address = ""
+        threads = futures.ThreadPoolExecutor(max_workers=MAX_STREAMS + 4, thread_name_prefix="seed-rpc")
+        self._server = grpc.server(threads, options=channel_options(max_message_bytes),
+                                   maximum_concurrent_rpcs=MAX_STREAMS)
+        seed_pb2_grpc.add_SeedServicer_to_server(SeedServicer(self), self._server)
+        self._tls = (tls_cert, tls_key) if tls_cert else None
+
+    # ---- lifecycle -----------------------------------------------------------------------
+    def start(self) -> str:
+        """Bind and serve; returns the address actors should dial (the real port when ``:0`` was asked)."""
+        host, sep, port = self.listen.rpartition(":")
+        if not self.listen.startswith("unix:") and (not sep or not port.isdigit() or not host):
+            raise ConfigError(f"--listen {self.listen!r} is not HOST:PORT or unix:PATH: use e.g. localhost:0")
+        try:
+            if self._tls:
+                cert, key = (Path(p).read_bytes() for p in self._tls)
+                credentials = grpc.ssl_server_credentials([(key, cert)])
+                bound = self._server.add_secure_port(self.listen, credentials)
+            else:
+                bound = self._server.add_insecure_port(self.listen)
+        except (RuntimeError, OSError) as error:
+            raise ConfigError(f"cannot listen on {self.listen} ({error}): pick a free port or another "
+                              "address with --listen") from None
+        if not bound:
+            raise ConfigError(f"cannot listen on {self.listen}: pick a free port or another address with --listen")
+        self.address = self.listen if self.listen.startswith("unix:") else f"{host}:{bound}"
+        if not self._tls and host.strip("[]") not in LOOPBACK_HOSTS and not self.listen.startswith("unix:"):
+            print(f"seed: warning: listening on {self.address} without TLS: the token and all data travel in "
+                  "clear text; pass --tls-cert and --tls-key", file=sys.stderr)
+        self._server.start()
+        return self.address
+
+    def close(self, grace_s: float = 1.0) -> None:
+        """End every stream with OK (actors take it as 'training finished') and stop serving."""
+        self._closing.set()
+        self._server.stop(grace_s).wait(grace_s + 5.0)
+        path = unix_socket_path(self.listen)
+        if path:
+            Path(path).unlink(missing_ok=True)
+
+    @property
+    def open_envs(self) -> int:
+        """Env rows of all open streams: the batcher stops waiting once that many are queued."""
+        return self._open_envs
+
+    # ---- one actor stream ----------------------------------------------------------------
+    def serve_stream(self, request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
+        if not self._authorized(context):
+            self.stats.count("refused_unauthenticated")
+            context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                          f"the learner refused this actor's token: give the actor the learner's token "
+                          f"(--token-file FILE or {TOKEN_ENV})")
+        hello = self._read_hello(request_iterator, context)
+        slots = self.slots.allocate(hello.num_envs)
+        if slots is None:
+            self.stats.count("refused_no_slots")
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"the learner has no {hello.num_envs} free env slots (at most {MAX_ENV_SLOTS} envs over "
+                          "all actors): start this actor with fewer --num-envs")
+        session = next(self._sessions)
+        env_seed = int(np.random.SeedSequence((self.base_seed, session)).generate_state(1)[0])
+        expected = np.asarray(slots, dtype=np.int64)
+        with self._lock:
+            self._open_envs += len(slots)
+        self.stats.connected(1, len(slots))
+        try:
+            yield seed_pb2.LearnerMessage(welcome=seed_pb2.Welcome(
+                env_ids=slots, env_config_json=self.env_config_json, env_seed=env_seed))
+            for message in request_iterator:
+                steps = self._decode_step(message, expected, context)
+                pending = self.batcher.submit(steps, len(slots))
+                while not pending.wait(_POLL_S):
+                    if self._closing.is_set() or not context.is_active():
+                        return
+                if pending.error is not None:
+                    if self._closing.is_set() or self.batcher.closed:
+                        return
+                    context.abort(grpc.StatusCode.INTERNAL, f"the learner failed to act: {pending.error!r}")
+                reply = seed_pb2.LearnerMessage()
+                wire.encode(pending.result, reply.actions.action)
+                yield reply
+                if self._closing.is_set():
+                    return
+        finally:
+            with self._lock:
+                self._open_envs -= len(slots)
+
+            def release() -> None:  # the actor counts as connected until its slots are free again
+                self.release(slots)
+                self.slots.free(slots)
+                self.stats.connected(-1, -len(slots))
+
+            self.batcher.call_soon(release)
+
+    def _authorized(self, context: grpc.ServicerContext) -> bool:
+        for key, value in context.invocation_metadata():
+            if key == AUTH_KEY:
+                given = value.encode() if isinstance(value, str) else bytes(value)
+                return hmac.compare_digest(given, self._expected_auth)
+        return False
+
+    def _read_hello(self, request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Any:
+        first = next(request_iterator, None)
+        if first is None or first.WhichOneof("kind") != "hello":
+            self.stats.count("refused_malformed")
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a stream must start with Hello")
+        hello = first.hello
+        if hello.protocol != PROTOCOL_VERSION:
+            self.stats.count("refused_protocol")
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"actor speaks protocol {hello.protocol}, the learner {PROTOCOL_VERSION}: "
+                          "run the same conveyor version on both")
+        row_bytes = 2 * int(np.prod(self.obs_shape, dtype=np.int64)) * self.obs_dtype.itemsize + 64
+        max_envs = min(MAX_ENV_SLOTS, max(1, self.max_message_bytes // row_bytes))
+        if not 1 <= hello.num_envs <= max_envs:
+            self.stats.count("refused_malformed")
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"an actor may run 1 to {max_envs} envs (a step must fit --max-message-bytes), "
+                          f"got {hello.num_envs}")
+        return hello
+
+    def _decode_step(self, message: Any, env_ids: np.ndarray, context: grpc.ServicerContext) -> EnvSteps:
+        try:
+            if message.WhichOneof("kind") != "step":
+                raise wire.WireError("expected a Step after Hello")
+            step, k = message.step, len(env_ids)
+            ids = wire.decode(step.env_ids, "env_ids", dtype=np.int64, tail=(), length=k)
+            if not np.array_equal(ids, env_ids):
+                raise wire.WireError("env_ids are not the slots the learner gave this stream")
+            terminated = wire.decode(step.terminated, "terminated", dtype=np.bool_, tail=(), length=k)
+            truncated = wire.decode(step.truncated, "truncated", dtype=np.bool_, tail=(), length=k)
+            reward = wire.decode(step.reward, "reward", dtype=np.float32, tail=(), length=k)
+            if not np.isfinite(reward).all():
+                raise wire.WireError("reward holds NaN or infinity")
+            cut = int((truncated & ~terminated).sum())
+            steps = EnvSteps(
+                env_ids=ids,
+                run_ids=wire.decode(step.run_ids, "run_ids", dtype=np.int64, tail=(), length=k),
+                obs=wire.decode(step.observation, "observation", dtype=self.obs_dtype, tail=self.obs_shape, length=k),
+                reward=reward,
+                terminated=terminated,
+                truncated=truncated,
+                final_obs=wire.decode(step.final_observation, "final_observation", dtype=self.obs_dtype,
+                                      tail=self.obs_shape, length=cut),
+                episode_return=wire.decode(step.episode_return, "episode_return", dtype=np.float32, tail=(),
+                                           length=k),
+            )
+        except wire.WireError as error:
+            self.stats.count("refused_malformed")
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed Step: {error}")
+        if step.latency_s > 0:
+            self.stats.add_actor_latency(step.latency_s)
+        if step.env_time_s > 0:
+            self.stats.add_env_time(step.env_time_s)
+        return steps
