@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv train test test-slow bench clean
+.PHONY: venv train test test-slow bench bench-deps clean
 
 # Build .venv from scratch with exact pins; re-runs only when the pins or the package metadata change.
 venv: $(STAMP)
@@ -22,7 +22,11 @@ test: venv
 test-slow: venv
 	$(BIN)/python -m pytest -q -m slow
 
-bench: venv
+# Peers (stable-baselines3) are an optional group, kept out of the core install.
+bench-deps: venv
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[bench]'
+
+bench: bench-deps
 	$(BIN)/conveyor bench --suite quick --out bench-results/quick
 
 clean:

@@ -38,7 +38,12 @@ SECTIONS: dict[str, type] = {"env": EnvCfg, "model": ModelCfg, "algo": AlgoCfg, 
 
 # Subcommands that live in their own modules: name -> (module, help). Each module has
 # add_arguments(parser) and main(args) -> int.
-EXTERNAL_COMMANDS: dict[str, tuple[str, str]] = {}
+EXTERNAL_COMMANDS: dict[str, tuple[str, str]] = {
+    "eval": ("conveyor.evaluate", "evaluate a run's checkpoints: final, final time and required time metrics"),
+    "bench": ("conveyor.bench", "run a benchmark suite (architectures x algorithms x envs x seeds, peers)"),
+    "plot": ("conveyor.plots", "plot returns, SPS and policy-lag histograms of run directories"),
+    "actor": ("conveyor.actor", "run a SEED actor: step envs for a `train --arch seed` learner over gRPC"),
+}
 
 
 class UsageError(Exception):
