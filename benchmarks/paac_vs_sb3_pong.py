@@ -47,7 +47,9 @@ def sb3_sps(steps: int) -> dict:
     from stable_baselines3.common.vec_env import SubprocVecEnv, VecFrameStack
 
     gym.register_envs(ale_py)
+    # fork: the workers inherit the ALE registration (a spawned worker would not have it).
     env = make_atari_env("ALE/Pong-v5", n_envs=NUM_ENVS, seed=0, vec_env_cls=SubprocVecEnv,
+                         vec_env_kwargs={"start_method": "fork"},
                          env_kwargs={"frameskip": 1, "repeat_action_probability": 0.25})
     env = VecFrameStack(env, n_stack=4)
     model = A2C("CnnPolicy", env, n_steps=UNROLL, device="cpu", verbose=0, seed=0)

@@ -15,21 +15,29 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from conveyor.models.heads import ModelOut
+
 
 class Action(NamedTuple):
     actions: Tensor  # [B] int64 or [B, A] float
     logp: Tensor  # [B]
     value: Tensor  # [B]
+    out: ModelOut | None = None  # the forward's output with its autograd graph, when kept
 
 
-@torch.no_grad()
 def policy_step(model: nn.Module, obs: Tensor, generator: torch.Generator | None = None,
-                uniform: Tensor | None = None) -> Action:
-    """One forward on ``obs [B, ...]``; sample actions (by inverse CDF when ``uniform`` is given)."""
-    out = model(obs.unsqueeze(0))
-    params = out.params[0]
+                uniform: Tensor | None = None, keep_graph: bool = False) -> Action:
+    """One forward on ``obs [B, ...]``; sample actions (by inverse CDF when ``uniform`` is given).
+
+    ``keep_graph`` returns the output ``[1, B, ...]`` with its autograd graph, so a learner whose
+    parameters do not change during the rollout (PAAC A2C) can backpropagate through the acting
+    forward instead of computing it a second time.
+    """
+    with torch.set_grad_enabled(keep_graph):
+        out = model(obs.unsqueeze(0))
+    params, value = out.params[0].detach(), out.value[0].detach()
     actions = out.policy.sample(params, uniform, generator)
-    return Action(actions, out.policy.log_prob(params, actions), out.value[0])
+    return Action(actions, out.policy.log_prob(params, actions), value, out if keep_graph else None)
 
 
 @torch.no_grad()

@@ -69,10 +69,11 @@ class Learner:
     def forward(self, batch: dict[str, Tensor]) -> Any:
         return self.model(batch["obs"])
 
-    def compute_gradients(self, batch: dict[str, Tensor]) -> tuple[dict[str, float], float]:
-        """Forward, loss and backward into ``.grad`` (no optimizer step); returns metrics and grad norm."""
+    def compute_gradients(self, batch: dict[str, Tensor], model_out: Any = None) -> tuple[dict[str, float], float]:
+        """Forward (unless ``model_out`` of the current parameters on ``batch["obs"]`` is given, graph
+        attached), loss and backward into ``.grad`` (no optimizer step); returns metrics and grad norm."""
         self.optimizer.zero_grad(set_to_none=True)
-        loss, metrics = self.loss_fn(self.forward(batch), batch)
+        loss, metrics = self.loss_fn(self.forward(batch) if model_out is None else model_out, batch)
         loss.backward()
         if self.max_grad_norm:
             grad_norm = float(nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm))
@@ -88,9 +89,9 @@ class Learner:
         self.optimizer.step()
         self.version += 1
 
-    def update(self, batch: dict[str, Tensor]) -> dict[str, float]:
-        """One optimizer step on ``batch``; increments ``version``."""
-        metrics, _ = self.compute_gradients(batch)
+    def update(self, batch: dict[str, Tensor], model_out: Any = None) -> dict[str, float]:
+        """One optimizer step on ``batch`` (see ``compute_gradients`` for ``model_out``); increments ``version``."""
+        metrics, _ = self.compute_gradients(batch, model_out)
         self.apply_gradients()
         return metrics
 

@@ -72,3 +72,29 @@ def test_time_limit_stops_the_run(tmp_path):
     summary = conveyor.train(paac_cfg(tmp_path, total_steps=10**9, time_limit_s=3.0, target_return=float("inf")))
     assert summary["stop_reason"] == "time_limit_s reached"
     assert summary["wall_time_s"] < 30
+
+
+def test_a2c_gradient_through_acting_forwards_equals_a_fresh_forward():
+    """PAAC A2C backpropagates through the graphs kept from acting; that must equal recomputing."""
+    import gymnasium as gym
+    import numpy as np
+
+    from conveyor.acting import policy_step
+    from conveyor.algos import make_loss
+    from conveyor.models import ModelOut, make_model
+
+    torch.manual_seed(0)
+    cfg = RunCfg()
+    model = make_model(cfg.model, gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2))
+    obs = torch.randn(6, 3, 4)
+    steps = [policy_step(model, obs[t], keep_graph=True) for t in range(5)]
+    with torch.no_grad():
+        last = model(obs[5:])
+    batch = {"obs": obs, "actions": torch.stack([s.actions for s in steps]), "rewards": torch.randn(5, 3),
+             "discounts": torch.full((5, 3), 0.99)}
+    loss_fn = make_loss(cfg)
+    kept = torch.autograd.grad(loss_fn(ModelOut.cat_time([s.out for s in steps] + [last]), batch)[0],
+                               list(model.parameters()))
+    fresh = torch.autograd.grad(loss_fn(model(obs), batch)[0], list(model.parameters()))
+    for a, b in zip(kept, fresh):
+        torch.testing.assert_close(a, b)

@@ -16,7 +16,7 @@ import torch
 from conveyor.acting import policy_step, step_targets, values_of
 from conveyor.config import RunCfg
 from conveyor.envs import make_vector_env
-from conveyor.models import make_model
+from conveyor.models import ModelOut, make_model
 from conveyor.run import Run
 from conveyor.storage.rollout import RolloutStorage
 
@@ -34,11 +34,16 @@ def run(cfg: RunCfg) -> dict[str, Any]:
         sampler = torch.Generator().manual_seed(cfg.seed)
         is_ppo = cfg.algo.name == "ppo"
         epochs, minibatches = (cfg.algo.ppo_epochs, cfg.algo.ppo_minibatches) if is_ppo else (1, 1)
+        # A2C's parameters stay fixed for the whole rollout: backpropagate through the acting
+        # forwards rather than run them again (PPO's later epochs need fresh forwards anyway).
+        reuse_graph = not is_ppo
         obs = torch.as_tensor(venv.reset(), device=device)
         while not run.should_stop():
+            outputs = []
             for t in range(cfg.arch.unroll):
                 with run.timer("act"):
-                    act = policy_step(model, obs, sampler)
+                    act = policy_step(model, obs, sampler, keep_graph=reuse_graph)
+                    outputs.append(act.out)
                 with run.timer("env"):
                     step = venv.step(act.actions.cpu().numpy())
                 with run.timer("act"):
@@ -48,9 +53,14 @@ def run(cfg: RunCfg) -> dict[str, Any]:
                 obs = torch.as_tensor(step.obs, device=device)
                 run.record_env_step(venv.num_envs, step.episode_return)
             with run.timer("learn"):
-                # PPO's advantages need V(s_T) under the acting parameters; A2C recomputes it in the loss.
-                storage.insert_last(obs, values_of(model, obs) if is_ppo else None)
                 run.telemetry.add_lag(learner.version, storage.policy_version)
-                metrics = learner.update_epochs(storage.batch(), epochs, minibatches, sampler)
+                if reuse_graph:
+                    storage.insert_last(obs)
+                    with torch.no_grad():  # V(s_T) is only the bootstrap: no gradient flows into it
+                        outputs.append(model(obs.unsqueeze(0)))
+                    metrics = learner.update(storage.batch(), ModelOut.cat_time(outputs))
+                else:  # PPO's advantages need V(s_T) under the acting parameters
+                    storage.insert_last(obs, values_of(model, obs))
+                    metrics = learner.update_epochs(storage.batch(), epochs, minibatches, sampler)
             run.after_update(learner, metrics)
         return run.finish(learner)

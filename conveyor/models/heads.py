@@ -139,3 +139,10 @@ class ModelOut:
         """The outputs for time steps ``start:stop`` (the state is not sliced)."""
         q = None if self.q is None else self.q[start:stop]
         return ModelOut(self.policy, self.params[start:stop], self.value[start:stop], self.state, q)
+
+    @staticmethod
+    def cat_time(outs: list["ModelOut"]) -> "ModelOut":
+        """Outputs of consecutive forwards joined along time (the last one's state is kept)."""
+        q = None if outs[0].q is None else torch.cat([o.q for o in outs])  # type: ignore[misc]
+        return ModelOut(outs[0].policy, torch.cat([o.params for o in outs]), torch.cat([o.value for o in outs]),
+                        outs[-1].state, q)
