@@ -1,0 +1,98 @@
+"""HTS-RL double storage: two ``[alpha, B]`` rollout storages, one filled while the learner reads the other.
+
+Actors write each env's transitions into the *filling* storage in whatever
+order envs are served: ``write_actions`` (obs, action, behaviour log-prob
+and value, policy version at step ``t``), ``write_results`` (reward,
+discount and finished-episode return of step ``t``) and, last for each env,
+``write_last`` (the bootstrap observation ``obs[alpha]`` and its value).
+When every env has written its last step the storage is full; ``swap``
+then checks that every transition was written exactly once, hands the
+full storage out for learning and makes a fresh, marker-filled one the
+filling storage (the one the learner finished with is dropped). Writers
+touch disjoint ``(t, env)`` cells, so only the write counts take a lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from conveyor.storage.rollout import RolloutStorage
+
+
+class DoubleStorage:
+    def __init__(self, new_storage: Callable[[], RolloutStorage]):
+        """``new_storage()`` makes one marker-filled ``RolloutStorage`` of ``T`` steps and ``B`` envs."""
+        self._new_storage = new_storage
+        self.filling = new_storage()
+        self.T, self.B, self.device = self.filling.T, self.filling.B, self.filling.rewards.device
+        self._lock = threading.Condition()
+        self._reset_counts()
+
+    def _reset_counts(self) -> None:
+        self._action_writes = np.zeros((self.T, self.B), np.int64)
+        self._result_writes = np.zeros((self.T, self.B), np.int64)
+        self._last_writes = np.zeros(self.B, np.int64)
+        self.episode_returns = np.full((self.T, self.B), np.nan)
+        """[T, B] unclipped return of the episode that ended at step t of env b, NaN elsewhere."""
+
+    def _index(self, index: np.ndarray) -> Tensor:
+        return torch.as_tensor(index, dtype=torch.int64, device=self.device)
+
+    def write_actions(self, t: np.ndarray, env: np.ndarray, obs: Tensor, actions: Tensor, logp: Tensor,
+                      value: Tensor, version: int) -> None:
+        """Step ``t[i]`` of env ``env[i]``: what the actor saw and chose."""
+        s, ti, ei = self.filling, self._index(t), self._index(env)
+        s.obs[ti, ei] = obs.to(s.obs.dtype)
+        s.actions[ti, ei] = actions.to(s.actions.dtype)
+        s.behaviour_logp[ti, ei] = logp.float()
+        s.behaviour_value[ti, ei] = value.float()
+        s.policy_version[ti, ei] = version
+        with self._lock:
+            np.add.at(self._action_writes, (t, env), 1)
+
+    def write_results(self, t: np.ndarray, env: np.ndarray, rewards: Tensor, discounts: Tensor,
+                      episode_returns: np.ndarray) -> None:
+        """The training reward and discount of step ``t[i]`` of env ``env[i]`` (truncation folded in)."""
+        s, ti, ei = self.filling, self._index(t), self._index(env)
+        s.rewards[ti, ei] = rewards.float()
+        s.discounts[ti, ei] = discounts.float()
+        with self._lock:
+            self.episode_returns[t, env] = episode_returns
+            np.add.at(self._result_writes, (t, env), 1)
+
+    def write_last(self, env: np.ndarray, obs: Tensor, value: Tensor) -> None:
+        """The bootstrap observation ``obs[T]`` of ``env`` and its behaviour value: the env's round is done."""
+        s, ei = self.filling, self._index(env)
+        s.obs[self.T, ei] = obs.to(s.obs.dtype)
+        s.behaviour_value[self.T, ei] = value.float()
+        with self._lock:
+            np.add.at(self._last_writes, env, 1)
+            if self._last_writes.sum() >= self.B:
+                self._lock.notify_all()
+
+    def wait_full(self, timeout_s: float) -> bool:
+        """Whether every env wrote its last step (waits up to ``timeout_s``)."""
+        with self._lock:
+            return self._lock.wait_for(lambda: self._last_writes.sum() >= self.B, timeout_s)
+
+    def swap(self) -> tuple[RolloutStorage, np.ndarray]:
+        """The full storage and its ``episode_returns``; a fresh storage starts filling.
+
+        Raises ``RuntimeError`` when a transition is missing or was written twice.
+        """
+        with self._lock:
+            for name, counts in (("actions", self._action_writes), ("results", self._result_writes),
+                                 ("bootstrap observations", self._last_writes)):
+                if (counts != 1).any():
+                    bad = np.argwhere(counts != 1)[0].tolist()
+                    raise RuntimeError(f"HTS storage swap: {name} at (step, env) {bad} written "
+                                       f"{counts[tuple(bad)]} times instead of once")
+            full, returns = self.filling, self.episode_returns
+            self.filling = self._new_storage()
+            self._reset_counts()
+        return full, returns

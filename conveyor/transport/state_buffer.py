@@ -1,0 +1,330 @@
+"""HTS-RL state and action buffers between executor processes and actor threads.
+
+The buffers are one shared memory block (``conveyor.transport.shm``) with a
+row per env: the state buffer (observation, the uniform number that will
+pick the action, the step index ``t`` within the round, and the previous
+step's reward, flags, final observation and episode return) and the action
+buffer. No data travels through pipes, only env indices (int32 records,
+written atomically): executors put the index of a waiting env on the
+shared *ready* pipe; an actor takes every index waiting there at once and
+answers on each owning executor's *action* pipe. The main thread starts
+each round with ``GO`` on every action pipe.
+
+An executor (``cfg.num_workers`` processes, each owning
+``cfg.envs_per_worker`` consecutive envs) steps each env as soon as its
+action arrives, never waiting for its other envs: every env is a
+single-env ``conveyor.envs.shm_worker.EnvWorker`` over its own rows, so
+seeding (env i gets ``seed + i``), auto-reset, episode statistics and env
+errors behave exactly as in the vector env. Per round it posts, for each
+env, ``sync_interval`` (alpha) act requests (``t = 0 .. alpha - 1``) and
+one final request (``t = alpha``: the bootstrap observation and the last
+step's result), then waits for ``GO``.
+
+All randomness that picks actions comes from the executors: env i draws
+one uniform number (``float32``, shape of one action's noise) per act
+request from its own generator, seeded from ``(seed, i)``, and posts it
+with the observation; actors sample by inverse CDF. So the actions do not
+depend on which actor serves which env, and the generator's position is a
+function of the round count (alpha draws per env per round).
+
+Executors run ``python -c "from conveyor.transport.state_buffer import main; main()"``
+(like the vector env's workers: spec as JSON on stdin, no torch import, no
+re-import of the parent's ``__main__``), ignore SIGINT, and exit when the parent's end of
+their action pipe closes. A dead executor is reported by ``check_executors``.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+import traceback
+import weakref
+from typing import Any, Iterator, NamedTuple
+
+import gymnasium as gym
+import numpy as np
+
+from conveyor.config import ConfigError, EnvCfg
+from conveyor.envs.make import make_env
+from conveyor.envs.shm_worker import MESSAGE_BYTES, EnvWorker, WorkerSpec, write_message
+from conveyor.envs.vector import _SINGLE_THREAD_VARS, _exit_reason
+from conveyor.transport.shm import ArraySpec, SharedArrays, receive_child_spec, send_child_spec
+
+GO = -1
+"""Action-pipe record, main thread -> executor: start the next round."""
+STOP = -2
+"""Action-pipe record, main thread -> executor: exit."""
+UNIFORM_STREAM = 0x48545352
+"""Third word of an env's uniform-generator seed ``(seed, env, UNIFORM_STREAM)``: keeps the stream apart
+from every other generator seeded from small integers."""
+
+_RECORD = np.dtype("<i4")
+_ENTRY = "from conveyor.transport.state_buffer import main; main()"
+_CLOSE_GRACE_S = 5.0
+
+
+def uniform_generator(seed: int, env: int) -> np.random.Generator:
+    """The generator whose draws pick env ``env``'s actions (one per act request)."""
+    return np.random.default_rng([seed, env, UNIFORM_STREAM])
+
+
+class ExecutorSpec(NamedTuple):
+    index: int
+    env_cfg: EnvCfg
+    seed: int
+    first_env: int
+    num_envs: int
+    sync_interval: int
+    uniform_shape: tuple[int, ...]
+    array_specs: tuple
+    shm_fd: int
+    ready_fd: int
+    """Write end of the shared ready pipe."""
+    action_fd: int
+    """Read end of this executor's action pipe."""
+
+
+class _Executor(NamedTuple):
+    index: int
+    process: subprocess.Popen
+    action_fd: int
+    first_env: int
+    num_envs: int
+
+    def describe(self) -> str:
+        last = self.first_env + self.num_envs - 1
+        return f"executor {self.index} (pid {self.process.pid}, envs {self.first_env}-{last})"
+
+
+def _records(values: Any) -> bytes:
+    return np.asarray(values, dtype=_RECORD).tobytes()
+
+
+def _shutdown(executors: list[_Executor], ready_fd: int, shared: SharedArrays) -> None:
+    """Stop the executors (STOP, then by force), close the pipes, release the memory block."""
+    for executor in executors:
+        try:
+            os.write(executor.action_fd, _records([STOP]))
+        except OSError:
+            pass  # already gone
+        os.close(executor.action_fd)
+    deadline = time.monotonic() + _CLOSE_GRACE_S
+    for executor in executors:
+        try:
+            executor.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            executor.process.kill()
+            executor.process.wait()
+    executors.clear()
+    os.close(ready_fd)
+    shared.close()
+
+
+class StateBuffer:
+    """Parent side: starts the executors; actors take requests and answer them; the main thread starts rounds."""
+
+    def __init__(self, cfg: EnvCfg, seed: int, sync_interval: int) -> None:
+        self.cfg, self.num_envs, self.sync_interval = cfg, cfg.num_envs, sync_interval
+        probe = make_env(cfg, seed)
+        self.single_observation_space, self.single_action_space = probe.observation_space, probe.action_space
+        probe.close()
+        obs_space, act_space = self.single_observation_space, self.single_action_space
+        if not isinstance(obs_space, gym.spaces.Box):
+            raise ConfigError(f"env {cfg.id!r} has a {type(obs_space).__name__} observation space: hts needs a Box")
+        if isinstance(act_space, gym.spaces.Discrete):
+            uniform_shape: tuple[int, ...] = ()
+        elif isinstance(act_space, gym.spaces.Box) and len(act_space.shape) == 1:
+            uniform_shape = act_space.shape
+        else:
+            raise ConfigError(f"env {cfg.id!r} has a {act_space} action space: hts needs Discrete or a 1-D Box")
+        B, workers = cfg.num_envs, cfg.num_workers
+        self.shared = SharedArrays([
+            # The names EnvWorker reads and writes (the vector env's layout) ...
+            ArraySpec("obs", (B, *obs_space.shape), obs_space.dtype),
+            ArraySpec("final_obs", (B, *obs_space.shape), obs_space.dtype),
+            ArraySpec("actions", (B, *act_space.shape), act_space.dtype),
+            ArraySpec("reward", (B,), "float32"),
+            ArraySpec("terminated", (B,), "bool"),
+            ArraySpec("truncated", (B,), "bool"),
+            ArraySpec("episode_return", (B,), "float64"),
+            ArraySpec("episode_length", (B,), "int64"),
+            ArraySpec("env_errors", (workers,), "int64"),
+            ArraySpec("message", (workers, MESSAGE_BYTES), "uint8"),
+            # ... and what HTS adds to them.
+            ArraySpec("uniform", (B, *uniform_shape), "float32"),
+            ArraySpec("request_step", (B,), "int64"),
+            ArraySpec("env_seconds", (workers,), "float64"),
+        ])
+        shared = self.shared
+        self.obs, self.final_obs, self.actions = shared["obs"], shared["final_obs"], shared["actions"]
+        self.reward, self.terminated, self.truncated = shared["reward"], shared["terminated"], shared["truncated"]
+        self.episode_return, self.uniform = shared["episode_return"], shared["uniform"]
+        self.request_step = shared["request_step"]
+        """[B] step ``t`` of env b's waiting request: ``t < alpha`` acts; ``t > 0`` carries step t-1's result."""
+        self._ready_fd, ready_write = os.pipe()
+        os.set_blocking(self._ready_fd, False)  # several actors select() on it; the losers must not block
+        self._executors: list[_Executor] = []
+        self._owner = np.repeat(np.arange(workers), cfg.envs_per_worker)
+        self._finalizer = weakref.finalize(self, _shutdown, self._executors, self._ready_fd, self.shared)
+        try:
+            for index in range(workers):
+                self._start_executor(index, seed, uniform_shape, ready_write)
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            os.close(ready_write)  # executors hold it now: end of file means all of them are gone
+
+    def _start_executor(self, index: int, seed: int, uniform_shape: tuple[int, ...], ready_write: int) -> None:
+        action_read, action_write = os.pipe()
+        env = dict(os.environ)
+        for name in _SINGLE_THREAD_VARS:
+            env.setdefault(name, "1")
+        try:
+            process = subprocess.Popen([sys.executable, "-c", _ENTRY], stdin=subprocess.PIPE, env=env,
+                                       pass_fds=(self.shared.fd, ready_write, action_read))
+        except BaseException:
+            os.close(action_write)
+            raise
+        finally:
+            os.close(action_read)
+        per = self.cfg.envs_per_worker
+        self._executors.append(_Executor(index, process, action_write, index * per, per))
+        spec = ExecutorSpec(index, self.cfg, seed, index * per, per, self.sync_interval, uniform_shape,
+                            self.shared.specs, self.shared.fd, ready_write, action_read)
+        try:
+            send_child_spec(process.stdin, spec)
+        except BrokenPipeError:
+            pass  # it died at start; check_executors reports it
+
+    # ---- actor side ------------------------------------------------------------------------
+    def take_ready(self, timeout_s: float) -> np.ndarray:
+        """Indices of every env whose request waits now (empty after ``timeout_s`` without one)."""
+        if not select.select([self._ready_fd], [], [], timeout_s)[0]:
+            return np.empty(0, np.int64)
+        try:
+            data = os.read(self._ready_fd, _RECORD.itemsize * self.num_envs)
+        except BlockingIOError:
+            return np.empty(0, np.int64)  # another actor took them first
+        if not data:
+            raise RuntimeError("every HTS executor has exited")
+        return np.frombuffer(data, _RECORD).astype(np.int64)
+
+    def send_actions(self, envs: np.ndarray, actions: np.ndarray) -> None:
+        """Write ``actions`` for ``envs`` into the action buffer and wake their executors."""
+        self.actions[envs] = actions
+        owners = self._owner[envs]
+        for index in np.unique(owners):
+            os.write(self._executors[index].action_fd, _records(envs[owners == index]))
+
+    # ---- main-thread side ------------------------------------------------------------------
+    def start_round(self) -> None:
+        for executor in self._executors:
+            os.write(executor.action_fd, _records([GO]))
+
+    def check_executors(self) -> None:
+        """Raise ``RuntimeError`` naming an executor that has exited, or when env errors exceed the limit."""
+        for executor in self._executors:
+            code = executor.process.poll()
+            if code is not None:
+                raise RuntimeError(f"HTS {executor.describe()} of {self.cfg.id!r} exited ({_exit_reason(code)}): "
+                                   f"{self._message(executor.index)}")
+        errors = int(self.shared["env_errors"].sum())
+        if errors > self.cfg.max_env_errors:
+            raise RuntimeError(f"{errors} env errors exceed max_env_errors={self.cfg.max_env_errors}; last one: "
+                               f"{self._message(int(np.argmax(self.shared['env_errors'])))}")
+
+    @property
+    def executor_pids(self) -> list[int]:
+        return [executor.process.pid for executor in self._executors]
+
+    @property
+    def env_seconds(self) -> float:
+        """Seconds all executors together have spent inside env steps."""
+        return float(self.shared["env_seconds"].sum())
+
+    @property
+    def env_errors(self) -> int:
+        return int(self.shared["env_errors"].sum())
+
+    def _message(self, index: int) -> str:
+        return self.shared["message"][index].tobytes().split(b"\0", 1)[0].decode("utf-8", "replace")
+
+    def close(self) -> None:
+        """Stop the executors and free the shared memory (idempotent)."""
+        self._finalizer()
+
+
+# ---- executor process ----------------------------------------------------------------------
+def _incoming(action_fd: int, num_envs: int) -> Iterator[int]:
+    """Records from the action pipe, one at a time; STOP when the parent has gone (end of file)."""
+    while True:
+        data = os.read(action_fd, _RECORD.itemsize * (num_envs + 1))
+        if not data:
+            yield STOP
+            return
+        yield from np.frombuffer(data, _RECORD).tolist()
+
+
+def _serve(spec: ExecutorSpec, shared: SharedArrays) -> None:
+    alpha, first = spec.sync_interval, spec.first_env
+    envs = [EnvWorker(WorkerSpec(spec.index, spec.env_cfg, spec.seed, first + i, 1, spec.array_specs,
+                                 spec.shm_fd, -1, -1), shared) for i in range(spec.num_envs)]
+    uniforms = [uniform_generator(spec.seed, first + i) for i in range(spec.num_envs)]
+    uniform, request_step = shared["uniform"], shared["request_step"]
+    env_seconds = shared["env_seconds"][spec.index:spec.index + 1]
+    steps = np.zeros(spec.num_envs, np.int64)
+
+    def post(indices: list[int]) -> None:
+        for e in indices:
+            t = steps[e - first]
+            request_step[e] = t
+            if t < alpha:
+                uniform[e] = uniforms[e - first].random(spec.uniform_shape, dtype=np.float32)
+        os.write(spec.ready_fd, _records(indices))
+
+    try:
+        for env in envs:
+            env.reset()
+        incoming = _incoming(spec.action_fd, spec.num_envs)
+        for command in incoming:  # between rounds
+            if command == STOP:
+                return
+            if command != GO:
+                raise RuntimeError(f"executor {spec.index} got record {command} between rounds, expected GO")
+            steps[:] = 0
+            post(list(range(first, first + spec.num_envs)))
+            pending = spec.num_envs
+            while pending:
+                e = next(incoming)
+                if e == STOP:
+                    return
+                if not first <= e < first + spec.num_envs:
+                    raise RuntimeError(f"executor {spec.index} got record {e} during a round, expected one of its envs")
+                start = time.perf_counter()
+                envs[e - first].step()  # writes obs, reward, flags, final_obs, episode_return of row e
+                env_seconds[0] += time.perf_counter() - start
+                steps[e - first] += 1
+                pending -= int(steps[e - first] == alpha)
+                post([e])
+    finally:
+        for env in envs:
+            env.close()
+
+
+def main() -> None:
+    # Ctrl-C reaches the whole process group; the parent decides when executors stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    spec: ExecutorSpec = receive_child_spec(ExecutorSpec)
+    shared = SharedArrays(spec.array_specs, spec.shm_fd)
+    try:
+        _serve(spec, shared)
+    except BaseException:
+        write_message(shared["message"][spec.index], traceback.format_exc())
+        raise
+    finally:
+        shared.close()
