@@ -27,7 +27,6 @@ import os
 import select
 import signal
 import subprocess
-import sys
 import time
 import weakref
 from typing import Any, NamedTuple, Protocol
@@ -48,11 +47,9 @@ from conveyor.envs.shm_worker import (
     REPLY_OK,
     WorkerSpec,
 )
-from conveyor.transport.shm import ArraySpec, SharedArrays, send_child_spec
+from conveyor.transport.shm import ArraySpec, SharedArrays, send_child_spec, start_child
 
 _WORKER_ENTRY = "from conveyor.envs.shm_worker import main; main()"
-# Envs are stepped one per worker core: a BLAS thread pool per worker would only oversubscribe.
-_SINGLE_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 _SUPPORTED_SPACES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
 _CLOSE_GRACE_S = 5.0
 
@@ -134,7 +131,7 @@ class _Worker(NamedTuple):
                 f"{self.first_env}-{self.first_env + self.num_envs - 1})")
 
 
-def _exit_reason(code: int | None) -> str:
+def exit_reason(code: int | None) -> str:
     if code is None:
         return "still running"
     if code < 0:
@@ -276,11 +273,7 @@ class ShmVectorEnv:
         per_worker = self.cfg.envs_per_worker
         command_read, command_write = os.pipe()
         reply_read, reply_write = os.pipe()
-        env = dict(os.environ)
-        for name in _SINGLE_THREAD_VARS:
-            env.setdefault(name, "1")
-        process = subprocess.Popen([sys.executable, "-c", _WORKER_ENTRY], stdin=subprocess.PIPE, env=env,
-                                   pass_fds=(self._shared.fd, command_read, reply_write))
+        process = start_child(_WORKER_ENTRY, (self._shared.fd, command_read, reply_write))
         os.close(command_read)
         os.close(reply_write)
         worker = _Worker(index, process, command_write, reply_read, index * per_worker, per_worker)
@@ -308,7 +301,7 @@ class ShmVectorEnv:
         except subprocess.TimeoutExpired:  # its pipe closed but the process lingers
             code = None
         return self._fail(RuntimeError(f"{worker.describe()} of {self.cfg.id!r} died while {action} "
-                                       f"({_exit_reason(code)}); see its output above"))
+                                       f"({exit_reason(code)}); see its output above"))
 
     def _message(self, worker: _Worker) -> str:
         raw = self._shared["message"][worker.index].tobytes()

@@ -44,14 +44,13 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from conveyor.transport.shm import ArraySpec, SharedArrays
+from conveyor.transport.shm import ArraySpec, SharedArrays, start_child
 
 _INDEX = np.dtype("<i4")
 # Writes of at most PIPE_BUF bytes are atomic, so 4-byte indices never interleave between writers.
 _CHUNK = select.PIPE_BUF // _INDEX.itemsize
 _POLL_MS = 500
 _AGENT_ENTRY = "from conveyor.transport.ga3c_queues import agent_main; agent_main()"
-_SINGLE_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 _CLOSE_GRACE_S = 5.0
 
 
@@ -276,14 +275,10 @@ class AgentPool:
         channels = self.channels
         channels["stop"][agent] = False
         reply_read, reply_write = os.pipe()
-        env = dict(os.environ)
-        for name in _SINGLE_THREAD_VARS:
-            env.setdefault(name, "1")
         spec = {"sys_path": sys.path, "cfg": self.cfg_dict, "seed": self.base_seed + self.started,
                 "parent_pid": os.getpid(), **channels.agent_spec(agent, reply_read)}
         try:
-            process = subprocess.Popen([sys.executable, "-c", _AGENT_ENTRY], stdin=subprocess.PIPE, env=env,
-                                       pass_fds=(*channels.agent_fds(), reply_read))
+            process = start_child(_AGENT_ENTRY, (*channels.agent_fds(), reply_read))
         finally:
             os.close(reply_read)
         channels.reply_fds[agent] = reply_write

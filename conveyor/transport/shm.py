@@ -14,6 +14,7 @@ import dataclasses
 import json
 import mmap
 import os
+import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -116,3 +117,18 @@ def receive_child_spec(spec_type: type) -> Any:
         elif isinstance(value, list):
             fields[name] = tuple(value)
     return spec_type(**fields)
+
+
+# Env-stepping children run one per core: a BLAS/OpenMP thread pool in each would only oversubscribe.
+SINGLE_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def start_child(entry: str, pass_fds: Sequence[int]) -> subprocess.Popen:
+    """Start ``python -c entry`` with a piped stdin (for its spec), single-threaded numerical
+    libraries, and only ``pass_fds`` inherited. Unlike multiprocessing's spawn it never re-imports
+    the parent's ``__main__`` (which may import torch), so children start in the time their own
+    imports take."""
+    env = dict(os.environ)
+    for name in SINGLE_THREAD_VARS:
+        env.setdefault(name, "1")
+    return subprocess.Popen([sys.executable, "-c", entry], stdin=subprocess.PIPE, env=env, pass_fds=tuple(pass_fds))

@@ -39,7 +39,6 @@ import os
 import select
 import signal
 import subprocess
-import sys
 import time
 import traceback
 import weakref
@@ -51,8 +50,8 @@ import numpy as np
 from conveyor.config import ConfigError, EnvCfg
 from conveyor.envs.make import make_env
 from conveyor.envs.shm_worker import MESSAGE_BYTES, EnvWorker, WorkerSpec, write_message
-from conveyor.envs.vector import _SINGLE_THREAD_VARS, _exit_reason
-from conveyor.transport.shm import ArraySpec, SharedArrays, receive_child_spec, send_child_spec
+from conveyor.envs.vector import exit_reason
+from conveyor.transport.shm import ArraySpec, SharedArrays, receive_child_spec, send_child_spec, start_child
 
 GO = -1
 """Action-pipe record, main thread -> executor: start the next round."""
@@ -181,12 +180,8 @@ class StateBuffer:
 
     def _start_executor(self, index: int, seed: int, uniform_shape: tuple[int, ...], ready_write: int) -> None:
         action_read, action_write = os.pipe()
-        env = dict(os.environ)
-        for name in _SINGLE_THREAD_VARS:
-            env.setdefault(name, "1")
         try:
-            process = subprocess.Popen([sys.executable, "-c", _ENTRY], stdin=subprocess.PIPE, env=env,
-                                       pass_fds=(self.shared.fd, ready_write, action_read))
+            process = start_child(_ENTRY, (self.shared.fd, ready_write, action_read))
         except BaseException:
             os.close(action_write)
             raise
@@ -231,7 +226,7 @@ class StateBuffer:
         for executor in self._executors:
             code = executor.process.poll()
             if code is not None:
-                raise RuntimeError(f"HTS {executor.describe()} of {self.cfg.id!r} exited ({_exit_reason(code)}): "
+                raise RuntimeError(f"HTS {executor.describe()} of {self.cfg.id!r} exited ({exit_reason(code)}): "
                                    f"{self._message(executor.index)}")
         errors = int(self.shared["env_errors"].sum())
         if errors > self.cfg.max_env_errors:

@@ -1,0 +1,105 @@
+"""IMPACT (Luo et al. 2020, algorithm 1): async workers, circular buffer C(N, K), clipped target network.
+
+W worker processes (``env.num_workers``, ``transport.impact_workers``) each
+hold their own copy of the policy and step ``env.num_envs / W`` envs. A
+worker fills one of its batch slots in shared memory with S steps
+(``--worker-batch``): observations, actions (the unclipped Gaussian sample;
+the env gets it clipped to the action bounds), behaviour log-probs,
+training rewards and discounts, the parameter version that acted and the
+finished episodes' returns. It then sends the slot's index to the learner
+down a pipe and fills its other slot. Between batches it loads the newest
+parameters from the ``ParamBlock`` when their version has moved.
+
+The learner walks the ``CircularBuffer`` round-robin. When the position at
+the cursor is empty it takes the oldest ready slot, copies it in and hands
+the slot back to its worker. On a batch's first use the target network's
+log-probs (and policy parameters, for the KL penalty) are attached. Every
+update: lag histogram, one optimizer step; every ``target_update_interval``
+updates the target network copies the learner, every ``--broadcast-interval``
+updates the learner publishes its weights.
+
+Presets: ``appo`` is K = 1 without target network (the target log-probs are
+the worker's, so the IMPACT ratio is PPO's ratio to the worker);
+``impala`` is the same with the V-trace loss.
+
+Time split: ``env`` and ``act`` are the workers' seconds (summed over
+workers), ``wait`` the learner waiting for a batch, ``learn`` its updates.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+from conveyor.config import ConfigError, RunCfg
+from conveyor.envs import make_env
+from conveyor.models import make_model
+from conveyor.run import Run
+from conveyor.storage.circular import CircularBuffer
+from conveyor.transport.impact_workers import BATCH_FIELDS, POLL_S, SLOTS_PER_WORKER, Workers, pool_specs
+from conveyor.transport.params import ParamBlock
+from conveyor.transport.shm import SharedArrays
+
+def run(cfg: RunCfg) -> dict[str, Any]:
+    if cfg.model.lstm_size:
+        raise ConfigError("--arch impact workers act with feed-forward policies: drop --lstm-size")
+    arch, use_target = cfg.arch, cfg.arch.use_target_network and cfg.algo.name == "impact"
+    with Run(cfg) as run:
+        probe = make_env(cfg.env, cfg.seed)
+        obs_space, action_space = probe.observation_space, probe.action_space
+        probe.close()
+        model = make_model(cfg.model, obs_space, action_space)
+        learner = run.learner(model)
+        target = copy.deepcopy(model).requires_grad_(False) if use_target else None
+        pool = run.closing(SharedArrays(pool_specs(cfg, obs_space, action_space)))
+        params = run.closing(ParamBlock(model))
+        params.publish(model, learner.version)
+        workers = run.closing(Workers(cfg, pool, params))
+        buffer = CircularBuffer(arch.buffer_batches, arch.replay_times, learner.device)
+        worker_versions = [-1] * cfg.env.num_workers
+
+        @torch.no_grad()
+        def attach_target(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+            if target is None:  # APPO: the worker's policy is the trust region's anchor
+                return {"target_logp": batch["behaviour_logp"]}
+            out = target(batch["obs"][:-1])
+            extra = {"target_logp": out.log_prob(batch["actions"])}
+            if cfg.algo.kl_coef > 0:
+                extra["target_params"] = out.params
+            return extra
+
+        while not run.should_stop():
+            if buffer.needs_batch():
+                with run.timer("wait"):
+                    try:
+                        slot = workers.next_slot(POLL_S)
+                    except RuntimeError:
+                        if run.stop_event.is_set():  # a SIGTERM to the process group also ended the workers
+                            break
+                        raise
+                if slot is None:
+                    continue
+                buffer.put({name: pool[name][slot] for name in BATCH_FIELDS})
+                returns, (env_s, act_s) = pool["episode_return"][slot].copy(), pool["seconds"][slot]
+                worker = slot // SLOTS_PER_WORKER
+                worker_versions[worker] = int(pool["policy_version"][slot].max())
+                workers.release(slot)
+                run.telemetry.add_time("env", env_s)
+                run.telemetry.add_time("act", act_s)
+                run.telemetry.env_errors = int(pool["env_errors"].sum())
+                run.record_env_step(returns.size, returns.reshape(-1))
+                continue
+            with run.timer("learn"):
+                batch, _ = buffer.take(attach_target if cfg.algo.name == "impact" else None)
+                run.telemetry.add_lag(learner.version, batch["policy_version"].cpu().numpy())
+                metrics = learner.update(batch)
+                if target is not None and learner.version % arch.target_update_interval == 0:
+                    target.load_state_dict(model.state_dict())
+                    run.telemetry.count("target_syncs")
+                if learner.version % arch.broadcast_interval == 0:
+                    params.publish(model, learner.version)
+                    run.telemetry.count("broadcasts")
+            run.after_update(learner, metrics)
+        return run.finish(learner, batches_received=buffer.batches_put, worker_param_versions=worker_versions)
