@@ -8,7 +8,6 @@ returns ``run.finish(learner)``.
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 import signal
 import threading
@@ -72,9 +71,7 @@ class Run:
         self.out = prepare_out_dir(cfg)
         (self.out / "config.json").write_text(cfg.to_json())
         seed_everything(cfg.seed)
-        # Half the cores by default: env workers (or actors) need the rest, and oversubscribed
-        # OpenMP threads spin and slow everything down (measured: a Nature-CNN forward 8x slower).
-        torch.set_num_threads(cfg.torch_threads or max(1, (os.cpu_count() or 1) // 2))
+        torch.set_num_threads(cfg.learner_threads)
         # Read the checkpoint before any worker starts, so a bad one fails fast.
         self.resume_path = latest_checkpoint(Path(cfg.resume)) if cfg.resume else None
         self.resume_state: dict[str, Any] = load_checkpoint(self.resume_path) if self.resume_path else {}
