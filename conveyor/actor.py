@@ -37,6 +37,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from conveyor.config import ConfigError, EnvCfg
+from conveyor.transport.shm import reap
 
 LOCAL_ACTOR_ENV = "CONVEYOR_LOCAL_ACTOR"
 PARENT_PID_ENV = "CONVEYOR_PARENT_PID"
@@ -304,13 +305,7 @@ class LocalActors:
         for process in self.processes:
             if process.poll() is None:
                 process.terminate()
-        deadline = time.monotonic() + grace_s
-        for process in self.processes:
-            try:
-                process.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        reap(self.processes, grace_s)
 
 
 if __name__ == "__main__":

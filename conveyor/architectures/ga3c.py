@@ -42,7 +42,7 @@ from torch import Tensor, nn
 from conveyor.acting import policy_step, step_targets
 from conveyor.autotune import KNOBS, Autotuner, Counts, plot_history
 from conveyor.config import RunCfg
-from conveyor.envs import make_env
+from conveyor.envs import env_spaces
 from conveyor.models import make_model
 from conveyor.run import Run
 from conveyor.threads import ThreadGroup, locked
@@ -70,9 +70,7 @@ def training_batch(model: nn.Module, seg: dict[str, np.ndarray], gamma: float,
 def run(cfg: RunCfg) -> dict[str, Any]:
     arch = cfg.arch
     with Run(cfg) as run:
-        probe = make_env(cfg.env, cfg.seed)
-        obs_space, action_space = probe.observation_space, probe.action_space
-        probe.close()
+        obs_space, action_space = env_spaces(cfg.env, cfg.seed)
         model = make_model(cfg.model, obs_space, action_space)
         learner = run.learner(model)
         device, tel = learner.device, run.telemetry

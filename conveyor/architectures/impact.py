@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from conveyor.config import ConfigError, RunCfg
-from conveyor.envs import make_env
+from conveyor.envs import env_spaces
 from conveyor.models import make_model
 from conveyor.run import Run
 from conveyor.storage.circular import CircularBuffer
@@ -47,9 +47,7 @@ def run(cfg: RunCfg) -> dict[str, Any]:
         raise ConfigError("--arch impact workers act with feed-forward policies: drop --lstm-size")
     arch, use_target = cfg.arch, cfg.arch.use_target_network and cfg.algo.name == "impact"
     with Run(cfg) as run:
-        probe = make_env(cfg.env, cfg.seed)
-        obs_space, action_space = probe.observation_space, probe.action_space
-        probe.close()
+        obs_space, action_space = env_spaces(cfg.env, cfg.seed)
         model = make_model(cfg.model, obs_space, action_space)
         learner = run.learner(model)
         target = copy.deepcopy(model).requires_grad_(False) if use_target else None

@@ -40,7 +40,7 @@ import torch
 from conveyor.acting import policy_step, values_of
 from conveyor.actor import LocalActors
 from conveyor.config import ConfigError, RunCfg
-from conveyor.envs import make_env
+from conveyor.envs import env_spaces
 from conveyor.learner import Learner
 from conveyor.models import make_model
 from conveyor.r2d2 import ReplayLearning
@@ -91,9 +91,7 @@ def run(cfg: RunCfg) -> dict[str, Any]:
     check_config(cfg)
     arch = cfg.arch
     with Run(cfg) as run:
-        probe = make_env(cfg.env, cfg.seed)
-        obs_space, action_space = probe.observation_space, probe.action_space
-        probe.close()
+        obs_space, action_space = env_spaces(cfg.env, cfg.seed)
         params_lock = threading.Lock()
         obs_spec = FieldSpec(tuple(obs_space.shape), torch.from_numpy(obs_space.sample()).dtype, "obs")
         r2d2 = None

@@ -52,3 +52,12 @@ def make_env(cfg: EnvCfg, seed: int) -> gym.Env:
     env.reset(seed=seed)
     env.action_space.seed(seed)
     return env
+
+
+def env_spaces(cfg: EnvCfg, seed: int) -> tuple[gym.Space, gym.Space]:
+    """The (observation, action) spaces of ``cfg.id`` after our preprocessing, from a throwaway env."""
+    probe = make_env(cfg, seed)
+    try:
+        return probe.observation_space, probe.action_space
+    finally:
+        probe.close()

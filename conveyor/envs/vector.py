@@ -27,7 +27,6 @@ import os
 import select
 import signal
 import subprocess
-import time
 import weakref
 from typing import Any, NamedTuple, Protocol
 
@@ -35,7 +34,7 @@ import gymnasium as gym
 import numpy as np
 
 from conveyor.config import ConfigError, EnvCfg
-from conveyor.envs.make import make_env
+from conveyor.envs.make import env_spaces
 from conveyor.envs.shm_worker import (
     CMD_CLOSE,
     CMD_RESET,
@@ -47,7 +46,7 @@ from conveyor.envs.shm_worker import (
     REPLY_OK,
     WorkerSpec,
 )
-from conveyor.transport.shm import ArraySpec, SharedArrays, send_child_spec, start_child
+from conveyor.transport.shm import ArraySpec, SharedArrays, reap, send_child_spec, start_child
 
 _WORKER_ENTRY = "from conveyor.envs.shm_worker import main; main()"
 _SUPPORTED_SPACES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
@@ -147,13 +146,8 @@ def _shutdown(workers: list[_Worker], shared: SharedArrays) -> None:
         except OSError:
             pass  # already gone
         os.close(worker.command_fd)
-    deadline = time.monotonic() + _CLOSE_GRACE_S
+    reap([worker.process for worker in workers], _CLOSE_GRACE_S)
     for worker in workers:
-        try:
-            worker.process.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            worker.process.kill()
-            worker.process.wait()
         os.close(worker.reply_fd)
     shared.close()
 
@@ -168,10 +162,7 @@ class ShmVectorEnv:
         self.num_workers = cfg.num_workers
         self.copy = copy
         self._poll_ms = int(poll_interval_s * 1000)
-        probe = make_env(cfg, seed)
-        self.single_observation_space = probe.observation_space
-        self.single_action_space = probe.action_space
-        probe.close()
+        self.single_observation_space, self.single_action_space = env_spaces(cfg, seed)
         for role, space in (("observation", self.single_observation_space), ("action", self.single_action_space)):
             if not isinstance(space, _SUPPORTED_SPACES):
                 raise ConfigError(f"env {cfg.id!r} has a {type(space).__name__} {role} space: the vector env "

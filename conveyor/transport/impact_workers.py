@@ -34,7 +34,7 @@ from conveyor.envs import make_vector_env
 from conveyor.envs.shm_worker import MESSAGE_BYTES, write_message
 from conveyor.models import make_model
 from conveyor.transport.params import ParamBlock
-from conveyor.transport.shm import ArraySpec, SharedArrays, start_child
+from conveyor.transport.shm import ArraySpec, SharedArrays, reap, start_child
 
 SLOTS_PER_WORKER = 2
 """A worker fills one slot while the learner may still hold its other one."""
@@ -231,13 +231,7 @@ class Workers:
         for fd in self.command_fds:
             os.close(fd)
         self.command_fds = []
-        deadline = time.monotonic() + _CLOSE_GRACE_S
-        for process in self.processes:
-            try:
-                process.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        reap(self.processes, _CLOSE_GRACE_S)
         for fd in self.reply_fds:
             os.close(fd)
         self.reply_fds = {}

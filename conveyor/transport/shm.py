@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -132,3 +133,14 @@ def start_child(entry: str, pass_fds: Sequence[int]) -> subprocess.Popen:
     for name in SINGLE_THREAD_VARS:
         env.setdefault(name, "1")
     return subprocess.Popen([sys.executable, "-c", entry], stdin=subprocess.PIPE, env=env, pass_fds=tuple(pass_fds))
+
+
+def reap(processes: Sequence[subprocess.Popen], grace_s: float) -> None:
+    """Wait for ``processes`` to exit within one shared grace period; kill whoever is still running."""
+    deadline = time.monotonic() + grace_s
+    for process in processes:
+        try:
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

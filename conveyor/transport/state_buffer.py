@@ -48,10 +48,10 @@ import gymnasium as gym
 import numpy as np
 
 from conveyor.config import ConfigError, EnvCfg
-from conveyor.envs.make import make_env
+from conveyor.envs.make import env_spaces
 from conveyor.envs.shm_worker import MESSAGE_BYTES, EnvWorker, WorkerSpec, write_message
 from conveyor.envs.vector import exit_reason
-from conveyor.transport.shm import ArraySpec, SharedArrays, receive_child_spec, send_child_spec, start_child
+from conveyor.transport.shm import ArraySpec, SharedArrays, reap, receive_child_spec, send_child_spec, start_child
 
 GO = -1
 """Action-pipe record, main thread -> executor: start the next round."""
@@ -111,13 +111,7 @@ def _shutdown(executors: list[_Executor], ready_fd: int, shared: SharedArrays) -
         except OSError:
             pass  # already gone
         os.close(executor.action_fd)
-    deadline = time.monotonic() + _CLOSE_GRACE_S
-    for executor in executors:
-        try:
-            executor.process.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            executor.process.kill()
-            executor.process.wait()
+    reap([executor.process for executor in executors], _CLOSE_GRACE_S)
     executors.clear()
     os.close(ready_fd)
     shared.close()
@@ -128,9 +122,7 @@ class StateBuffer:
 
     def __init__(self, cfg: EnvCfg, seed: int, sync_interval: int) -> None:
         self.cfg, self.num_envs, self.sync_interval = cfg, cfg.num_envs, sync_interval
-        probe = make_env(cfg, seed)
-        self.single_observation_space, self.single_action_space = probe.observation_space, probe.action_space
-        probe.close()
+        self.single_observation_space, self.single_action_space = env_spaces(cfg, seed)
         obs_space, act_space = self.single_observation_space, self.single_action_space
         if not isinstance(obs_space, gym.spaces.Box):
             raise ConfigError(f"env {cfg.id!r} has a {type(obs_space).__name__} observation space: hts needs a Box")
