@@ -23,7 +23,6 @@ of the last 100 episodes finished by then; and when that mean first reached ``TA
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import os
 import platform
@@ -34,7 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from conveyor.bench import BenchRun, EnvBudget, Suite, bench_cfg, replace_section, run_name, run_suite
+from conveyor.bench import (BenchRun, EnvBudget, Suite, bench_cfg, run_name, run_suite, update_markdown_section,
+                            write_csv)
 from conveyor.config import AlgoCfg, ArchCfg, EnvCfg, ModelCfg
 from conveyor.plots import load_run, plot_runs, trailing_mean
 
@@ -181,17 +181,13 @@ def main() -> None:
     args.results.mkdir(parents=True)
     plots = plot_runs([row["run_dir"] for row in rows], args.results,
                       labels=[f"{row['algo']} s{row['seed']}" for row in rows])
-    with open(args.results / "results.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(table[0]) if table else ["env"])
-        writer.writeheader()
-        writer.writerows(table)
+    write_csv(args.results / "results.csv", table, list(table[0]) if table else ["env"])
     command = "python benchmarks/impact_compare.py" + (f" --scale {args.scale:g}" if args.scale != 1 else "")
     prefix = os.path.relpath(args.results, args.markdown.parent)
     body = markdown(table, command, time.perf_counter() - started, [f"{prefix}/{p.name}" for p in plots])
     (args.results / "table.md").write_text(markdown(table, command, time.perf_counter() - started,
                                                     [p.name for p in plots]))
-    text = args.markdown.read_text() if args.markdown.is_file() else "# Benchmarks\n"
-    args.markdown.write_text(replace_section(text, SECTION, body))
+    update_markdown_section(args.markdown, SECTION, body)
     print(body)
 
 

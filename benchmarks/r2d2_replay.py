@@ -22,7 +22,6 @@ Four measurements, each printed as it finishes and written to the ``r2d2-replay`
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import platform
@@ -39,6 +38,7 @@ import torch
 from conveyor import algos
 from conveyor.config import AlgoCfg, ArchCfg, EnvCfg, ModelCfg, RunCfg
 from conveyor.models import make_model
+from conveyor.bench import update_markdown_section, write_csv
 from conveyor.r2d2 import R2D2Learner
 from conveyor.storage.replay import SequenceReplay
 from conveyor.storage.sum_tree import SumTree
@@ -252,20 +252,12 @@ def main() -> int:
 
     results = ROOT / "benchmarks" / "results" / "r2d2_replay.csv"
     results.parent.mkdir(parents=True, exist_ok=True)
-    fields = sorted({key for row in rows for key in row})
-    with results.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(results, rows)
     command = " ".join(["benchmarks/r2d2_replay.py", *sys.argv[1:]])
     table = markdown(rows, command, sum(loads) / len(loads), args.device)
     print(table)
     if not args.no_markdown:
-        from conveyor.bench import replace_section
-
-        path = ROOT / "BENCHMARKS.md"
-        text = path.read_text() if path.exists() else "# Benchmarks\n"
-        path.write_text(replace_section(text, SECTION, table))
+        update_markdown_section(ROOT / "BENCHMARKS.md", SECTION, table)
     return 0
 
 

@@ -135,7 +135,7 @@ def main() -> int:
     parser.add_argument("--out", default="runs/bench-seed-inference", help="run directories")
     parser.add_argument("--no-markdown", action="store_true", help="do not rewrite the BENCHMARKS.md section")
     args = parser.parse_args()
-    from conveyor.bench import replace_section
+    from conveyor.bench import update_markdown_section, write_csv
 
     out = Path(args.out)
     rows, loads = [], []
@@ -147,18 +147,12 @@ def main() -> int:
             print(json.dumps(row), flush=True)
     results = ROOT / "benchmarks" / "results" / "seed_inference.csv"
     results.parent.mkdir(parents=True, exist_ok=True)
-    fields = sorted({key for row in rows for key in row})
-    with results.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(results, rows)
     command = "benchmarks/seed_inference.py" + (f" --seconds {args.seconds:g}" if args.seconds != 12.0 else "")
     table = markdown(rows, command, args.seconds, sum(loads) / len(loads))
     print(table)
     if not args.no_markdown:
-        path = ROOT / "BENCHMARKS.md"
-        text = path.read_text() if path.exists() else "# Benchmarks\n"
-        path.write_text(replace_section(text, SECTION, table))
+        update_markdown_section(ROOT / "BENCHMARKS.md", SECTION, table)
     return 0
 
 

@@ -364,18 +364,28 @@ def write_results(suite: Suite, out: Path, rows: list[dict[str, Any]], elapsed_s
     from conveyor.plots import plot_runs
 
     add_final_time_metrics(rows)
-    with open(out / "results.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(ROW_FIELDS))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(out / "results.csv", rows, ROW_FIELDS)
     finished = [row for row in rows if (Path(row["run_dir"]) / "summary.json").is_file()]
     plots = plot_runs([row["run_dir"] for row in finished], out, labels=[row_label(row) for row in finished])
     (out / "results.md").write_text(markdown_report(suite, rows, elapsed_s, [p.name for p in plots]))
     if markdown is not None:
         prefix = os.path.relpath(out, markdown.parent)
         body = markdown_report(suite, rows, elapsed_s, [f"{prefix}/{p.name}" for p in plots])
-        text = markdown.read_text() if markdown.is_file() else ""
-        markdown.write_text(replace_section(text, suite.name, body))
+        update_markdown_section(markdown, suite.name, body)
+
+
+def write_csv(path: Path, rows: Sequence[dict[str, Any]], fields: Sequence[str] | None = None) -> None:
+    """``rows`` as CSV; the columns are ``fields``, else every key any row has."""
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(fields or sorted({key for row in rows for key in row})))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def update_markdown_section(path: Path, section: str, body: str) -> None:
+    """Set the marked ``section`` of the Markdown file at ``path`` (BENCHMARKS.md) to ``body``."""
+    text = path.read_text() if path.is_file() else "# Benchmarks\n"
+    path.write_text(replace_section(text, section, body))
 
 
 def row_label(row: dict[str, Any]) -> str:
