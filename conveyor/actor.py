@@ -37,6 +37,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from conveyor.config import ConfigError, EnvCfg
+from conveyor.errors import WorkerFailure
 from conveyor.transport.shm import reap
 
 LOCAL_ACTOR_ENV = "CONVEYOR_LOCAL_ACTOR"
@@ -294,7 +295,7 @@ class LocalActors:
             if process.poll() is None:
                 continue
             if self.restarts >= self.max_restarts:
-                raise RuntimeError(f"local actor {index} exited ({process.returncode}) after {self.restarts} "
+                raise WorkerFailure(f"local actor {index} exited ({process.returncode}) after {self.restarts} "
                                    f"restarts; see {self.log_dir / f'actor-{index}.log'}")
             self.processes[index] = self._start(index)
             self.restarts += 1

@@ -21,8 +21,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from conveyor.config import AlgoCfg, ArchCfg, ConfigError, EnvCfg, ModelCfg, RunCfg, field_docs
+from conveyor.errors import WorkerFailure
 
 USAGE_ERROR = 2
+RUN_FAILED = 1
 
 # Flags whose names differ from their field's name (the rest are --field-name).
 RENAMED_FLAGS = {
@@ -198,6 +200,11 @@ def main(argv: list[str] | None = None) -> int:
     except expected as error:
         print(f"conveyor: error: {error}", file=sys.stderr)
         return USAGE_ERROR
+    except WorkerFailure as error:
+        first_line = str(error).strip().splitlines()[0]
+        print(f"conveyor: run failed: {first_line}; continue from the run's last checkpoint with --resume DIR",
+              file=sys.stderr)
+        return RUN_FAILED
     except TypeError as error:
         # Dataclass construction with a wrongly typed value from a config file.
         if "__init__()" in str(error):

@@ -21,6 +21,7 @@ from torch import nn
 
 from conveyor import algos
 from conveyor.config import ConfigError, RunCfg
+from conveyor.errors import WorkerFailure
 from conveyor.learner import Learner, latest_checkpoint, load_checkpoint
 from conveyor.telemetry import Telemetry
 
@@ -82,6 +83,7 @@ class Run:
         self._closers: list[Any] = []
         self._previous_handlers: dict[int, Any] = {}
         self._next_checkpoint = cfg.checkpoint_every or 0
+        self._learner: Learner | None = None
         self.target_return = resolve_target_return(cfg)
 
     # ---- lifecycle -----------------------------------------------------------------------
@@ -91,7 +93,10 @@ class Run:
                 self._previous_handlers[sig] = signal.signal(sig, self._on_signal)
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if isinstance(exc, WorkerFailure) and self._learner is not None:
+            # A dead worker loses at most its own unfinished data, never the learner's progress.
+            self.checkpoint(self._learner)
         for closer in reversed(self._closers):
             with contextlib.suppress(Exception):
                 closer()
@@ -127,6 +132,7 @@ class Run:
             self.telemetry._last_log_steps = self.telemetry.env_steps
             self.telemetry.episodes = int(state.get("episodes", 0))
             self._next_checkpoint = self.telemetry.env_steps + (self.cfg.checkpoint_every or 0)
+        self._learner = learner
         return learner
 
     # ---- per step ------------------------------------------------------------------------

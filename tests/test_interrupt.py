@@ -1,5 +1,5 @@
 """Ctrl-C / SIGTERM: a checkpoint is saved, the process exits within seconds, no child is left, and
-``--resume`` continues the run."""
+``--resume`` continues the run. A killed env worker: one line, exit 1, a checkpoint, no orphans."""
 
 import json
 import os
@@ -57,3 +57,26 @@ def test_signal_saves_checkpoint_and_exits_without_orphans(tmp_path, sig):
     assert after["env_steps"] >= summary["env_steps"] + 2000
     assert after["learner_version"] > summary["learner_version"]
     assert os.path.exists(out / "config.json")
+
+
+def test_killed_worker_stops_the_run_with_one_line_and_a_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "conveyor.cli", "train", "--out", str(out), "--no-progress",
+                             "--total-steps", "100000000", "--target-return", "inf", "--torch-threads", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (out / "metrics.csv").exists() or (out / "metrics.csv").read_text().count("\n") < 2:
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() < deadline, "the run never started logging"
+        time.sleep(0.5)
+    workers = children_of(proc.pid)
+    os.kill(workers[0], signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 1
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr
+    assert "died" in lines[0] and "SIGKILL" in lines[0] and "--resume" in lines[0]
+    assert list((out / "checkpoints").glob("*.pt"))
+    time.sleep(0.5)
+    assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()
+                and "Z" not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]]

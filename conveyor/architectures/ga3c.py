@@ -42,6 +42,7 @@ from torch import Tensor, nn
 from conveyor.acting import policy_step, step_targets
 from conveyor.autotune import KNOBS, Autotuner, Counts, plot_history
 from conveyor.config import RunCfg
+from conveyor.errors import WorkerFailure
 from conveyor.envs import env_spaces
 from conveyor.models import make_model
 from conveyor.run import Run
@@ -192,7 +193,7 @@ class Meter:
             self.agent_time[bucket] = total
         tel.env_errors = int(channels["env_errors"].sum())
         if tel.env_errors > self.cfg.env.max_env_errors:
-            raise RuntimeError(f"{tel.env_errors} env errors in GA3C agents exceed max_env_errors="
+            raise WorkerFailure(f"{tel.env_errors} env errors in GA3C agents exceed max_env_errors="
                                f"{self.cfg.env.max_env_errors}; see the tracebacks above")
         now = self._totals()
         elapsed = now["time"] - self.last["time"]

@@ -34,6 +34,7 @@ import gymnasium as gym
 import numpy as np
 
 from conveyor.config import ConfigError, EnvCfg
+from conveyor.errors import WorkerFailure
 from conveyor.envs.make import env_spaces
 from conveyor.envs.shm_worker import (
     CMD_CLOSE,
@@ -79,7 +80,7 @@ class StepResult(NamedTuple):
     """[B] int64 length in agent steps of that episode, 0 elsewhere."""
 
 
-class ObsShapeError(RuntimeError):
+class ObsShapeError(WorkerFailure):
     """An env returned an observation whose shape differs from the one it started with."""
 
 
@@ -291,8 +292,8 @@ class ShmVectorEnv:
             code = worker.process.wait(timeout=1.0)
         except subprocess.TimeoutExpired:  # its pipe closed but the process lingers
             code = None
-        return self._fail(RuntimeError(f"{worker.describe()} of {self.cfg.id!r} died while {action} "
-                                       f"({exit_reason(code)}); see its output above"))
+        return self._fail(WorkerFailure(f"{worker.describe()} of {self.cfg.id!r} died while {action} "
+                                        f"({exit_reason(code)}); see its output above"))
 
     def _message(self, worker: _Worker) -> str:
         raw = self._shared["message"][worker.index].tobytes()
@@ -340,8 +341,8 @@ class ShmVectorEnv:
         if reply == REPLY_OBS_SHAPE:
             raise self._fail(ObsShapeError(message))
         if reply == REPLY_FATAL:
-            raise self._fail(RuntimeError(f"{worker.describe()} failed while {action}: {message}"))
+            raise self._fail(WorkerFailure(f"{worker.describe()} failed while {action}: {message}"))
         if reply == REPLY_ENV_ERROR and self.env_errors > self.cfg.max_env_errors:
-            raise self._fail(RuntimeError(
+            raise self._fail(WorkerFailure(
                 f"{self.env_errors} env errors exceed max_env_errors={self.cfg.max_env_errors}; "
                 f"last one, in {worker.describe()}: {message}"))

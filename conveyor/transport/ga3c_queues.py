@@ -44,6 +44,7 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
+from conveyor.errors import WorkerFailure
 from conveyor.transport.shm import ArraySpec, SharedArrays, start_child
 
 _INDEX = np.dtype("<i4")
@@ -308,7 +309,7 @@ class AgentPool:
                 self.free_ids.append(agent)
         for agent, process in self.processes.items():
             if process.poll() is not None:
-                raise RuntimeError(f"GA3C agent {agent} (pid {process.pid}) exited with code {process.returncode}; "
+                raise WorkerFailure(f"GA3C agent {agent} (pid {process.pid}) exited with code {process.returncode}; "
                                    "see its output above")
 
     def pids(self) -> list[int]:

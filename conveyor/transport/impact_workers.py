@@ -30,6 +30,7 @@ import torch
 
 from conveyor.acting import policy_step, step_targets
 from conveyor.config import RunCfg
+from conveyor.errors import WorkerFailure
 from conveyor.envs import make_vector_env
 from conveyor.envs.shm_worker import MESSAGE_BYTES, write_message
 from conveyor.models import make_model
@@ -217,14 +218,14 @@ class Workers:
         except BrokenPipeError:
             raise self._died(index) from None
 
-    def _died(self, index: int) -> RuntimeError:
+    def _died(self, index: int) -> WorkerFailure:
         process = self.processes[index]
         try:
             code: Any = process.wait(timeout=1.0)
         except subprocess.TimeoutExpired:
             code = "still running"
         raw = self.pool["message"][index].tobytes().split(b"\0", 1)[0].decode("utf-8", "replace")
-        return RuntimeError(f"impact worker {index} (pid {process.pid}) stopped (exit {code}): {raw or 'no message'}")
+        return WorkerFailure(f"impact worker {index} (pid {process.pid}) stopped (exit {code}): {raw or 'no message'}")
 
     def close(self) -> None:
         """Close the command pipes (workers stop at their next step), wait, kill stragglers."""

@@ -48,6 +48,7 @@ import gymnasium as gym
 import numpy as np
 
 from conveyor.config import ConfigError, EnvCfg
+from conveyor.errors import WorkerFailure
 from conveyor.envs.make import env_spaces
 from conveyor.envs.shm_worker import MESSAGE_BYTES, EnvWorker, WorkerSpec, write_message
 from conveyor.envs.vector import exit_reason
@@ -198,7 +199,7 @@ class StateBuffer:
         except BlockingIOError:
             return np.empty(0, np.int64)  # another actor took them first
         if not data:
-            raise RuntimeError("every HTS executor has exited")
+            raise WorkerFailure("every HTS executor has exited")
         return np.frombuffer(data, _RECORD).astype(np.int64)
 
     def send_actions(self, envs: np.ndarray, actions: np.ndarray) -> None:
@@ -218,11 +219,11 @@ class StateBuffer:
         for executor in self._executors:
             code = executor.process.poll()
             if code is not None:
-                raise RuntimeError(f"HTS {executor.describe()} of {self.cfg.id!r} exited ({exit_reason(code)}): "
+                raise WorkerFailure(f"HTS {executor.describe()} of {self.cfg.id!r} exited ({exit_reason(code)}): "
                                    f"{self._message(executor.index)}")
         errors = int(self.shared["env_errors"].sum())
         if errors > self.cfg.max_env_errors:
-            raise RuntimeError(f"{errors} env errors exceed max_env_errors={self.cfg.max_env_errors}; last one: "
+            raise WorkerFailure(f"{errors} env errors exceed max_env_errors={self.cfg.max_env_errors}; last one: "
                                f"{self._message(int(np.argmax(self.shared['env_errors'])))}")
 
     @property
