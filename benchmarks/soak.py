@@ -1,0 +1,120 @@
+"""Soak: run each architecture for a long time and record the memory of its whole process tree.
+
+Every ``--interval`` seconds the resident set size (RSS) of the run's process
+and all its descendants (env workers, executors, agents, actors) is summed
+from /proc. Memory should stay flat: the growth from the end of warm-up (the
+first ``--warmup`` fraction of the samples) to the end should be under 10%.
+Writes ``soak.csv`` (one row per sample) and ``soak.md`` under ``--out`` and,
+with ``--markdown``, the ``soak`` section of BENCHMARKS.md.
+
+    .venv/bin/python benchmarks/soak.py --minutes 30 --markdown BENCHMARKS.md   # the full soak (2.5 h)
+    .venv/bin/python benchmarks/soak.py --minutes 1 --interval 5                 # a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from conveyor.bench import update_markdown_section, write_csv
+
+ARCH_ALGOS = {"paac": "a2c", "ga3c": "ga3c", "seed": "vtrace", "impact": "impact", "hts": "a2c"}
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def process_tree(root: int) -> list[int]:
+    """``root`` and every live descendant, from /proc's parent links."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue  # exited while we looked
+    tree, frontier = [root], [root]
+    while frontier:
+        frontier = [pid for pid, parent in parents.items() if parent in frontier]
+        tree += frontier
+    return tree
+
+
+def tree_rss_mb(root: int) -> tuple[float, int]:
+    total, count = 0, 0
+    for pid in process_tree(root):
+        try:
+            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
+            count += 1
+        except (OSError, ValueError, IndexError):
+            continue
+    return total / 2**20, count
+
+
+def soak(arch: str, minutes: float, interval_s: float, out: Path) -> list[dict]:
+    command = [sys.executable, "-m", "conveyor.cli", "train", "--arch", arch, "--algo", ARCH_ALGOS[arch],
+               "--env", "CartPole-v1", "--total-steps", str(10**12), "--target-return", "inf",
+               "--time-limit-s", str(minutes * 60), "--out", str(out / arch), "--no-progress"]
+    rows: list[dict] = []
+    start = time.monotonic()
+    with open(out / f"{arch}.log", "w") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        while process.poll() is None:
+            time.sleep(interval_s)
+            rss, processes = tree_rss_mb(process.pid)
+            # Samples past the time limit may catch the run shutting down: only training counts.
+            if process.poll() is None and time.monotonic() - start <= minutes * 60:
+                rows.append({"arch": arch, "t_s": round(time.monotonic() - start, 1), "rss_mb": round(rss, 1),
+                             "processes": processes})
+        if process.returncode != 0:
+            raise RuntimeError(f"{arch} exited with {process.returncode}; see {out / f'{arch}.log'}")
+    return rows
+
+
+def growth(rows: list[dict], warmup: float) -> tuple[float, float, float]:
+    """(RSS after warm-up, RSS at the end, relative growth between them)."""
+    settled = rows[min(len(rows) - 1, int(len(rows) * warmup))]["rss_mb"]
+    end = rows[-1]["rss_mb"]
+    return settled, end, (end - settled) / settled
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--minutes", type=float, default=30.0, help="wall time per architecture")
+    parser.add_argument("--interval", type=float, default=60.0, help="seconds between memory samples")
+    parser.add_argument("--warmup", type=float, default=0.2, help="fraction of samples treated as warm-up")
+    parser.add_argument("--archs", default=",".join(ARCH_ALGOS))
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/soak"))
+    parser.add_argument("--markdown", type=Path, default=None, help="BENCHMARKS.md to update")
+    args = parser.parse_args()
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    all_rows: list[dict] = []
+    lines = ["| arch | minutes | samples | processes | RSS after warm-up MB | RSS at end MB | growth |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    with tempfile.TemporaryDirectory() as runs:
+        for arch in args.archs.split(","):
+            rows = soak(arch, args.minutes, args.interval, Path(runs))
+            all_rows += rows
+            settled, end, rel = growth(rows, args.warmup)
+            lines.append(f"| {arch} | {args.minutes:g} | {len(rows)} | {rows[-1]['processes']} | {settled:.0f} | "
+                         f"{end:.0f} | {rel:+.1%} |")
+            print(lines[-1], flush=True)
+    write_csv(args.out / "soak.csv", all_rows, ["arch", "t_s", "rss_mb", "processes"])
+    body = "\n".join([
+        f"`benchmarks/soak.py --minutes {args.minutes:g} --interval {args.interval:g}` on CartPole-v1, "
+        f"{time.strftime('%Y-%m-%d')}, {platform.machine()}, {os.cpu_count()} cores. RSS summed over the run's "
+        "whole process tree; growth from the end of warm-up to the end (target: under 10%).",
+        "", *lines])
+    (args.out / "soak.md").write_text(body + "\n")
+    if args.markdown:
+        update_markdown_section(args.markdown, "soak", body)
+    print(body)
+
+
+if __name__ == "__main__":
+    main()
