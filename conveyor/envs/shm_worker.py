@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from conveyor.transport.shm import SharedArrays, receive_child_spec
+from conveyor.transport.shm import ArraySpec, SharedArrays, receive_child_spec
 
 # Commands, master -> worker.
 CMD_STEP = b"s"
@@ -37,6 +37,22 @@ REPLY_FATAL = b"x"
 """The worker hit an error it cannot recover from (message in ``message``)."""
 
 MESSAGE_BYTES = 2048
+
+
+def env_worker_layout(num_envs: int, num_workers: int, obs_space: Any, act_space: Any) -> list[ArraySpec]:
+    """The shared arrays an ``EnvWorker`` reads and writes, one row per env (messages: one per worker)."""
+    return [
+        ArraySpec("obs", (num_envs, *obs_space.shape), np.dtype(obs_space.dtype).str),
+        ArraySpec("final_obs", (num_envs, *obs_space.shape), np.dtype(obs_space.dtype).str),
+        ArraySpec("actions", (num_envs, *act_space.shape), np.dtype(act_space.dtype).str),
+        ArraySpec("reward", (num_envs,), "float32"),
+        ArraySpec("terminated", (num_envs,), "bool"),
+        ArraySpec("truncated", (num_envs,), "bool"),
+        ArraySpec("episode_return", (num_envs,), "float64"),
+        ArraySpec("episode_length", (num_envs,), "int64"),
+        ArraySpec("env_errors", (num_workers,), "int64"),
+        ArraySpec("message", (num_workers, MESSAGE_BYTES), "uint8"),
+    ]
 
 
 class WorkerSpec(NamedTuple):

@@ -40,14 +40,14 @@ from conveyor.envs.shm_worker import (
     CMD_CLOSE,
     CMD_RESET,
     CMD_STEP,
-    MESSAGE_BYTES,
+    env_worker_layout,
     REPLY_ENV_ERROR,
     REPLY_FATAL,
     REPLY_OBS_SHAPE,
     REPLY_OK,
     WorkerSpec,
 )
-from conveyor.transport.shm import ArraySpec, SharedArrays, reap, send_child_spec, start_child
+from conveyor.transport.shm import SharedArrays, reap, send_child_spec, start_child
 
 _WORKER_ENTRY = "from conveyor.envs.shm_worker import main; main()"
 _SUPPORTED_SPACES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
@@ -168,21 +168,8 @@ class ShmVectorEnv:
             if not isinstance(space, _SUPPORTED_SPACES):
                 raise ConfigError(f"env {cfg.id!r} has a {type(space).__name__} {role} space: the vector env "
                                   "supports Box, Discrete, MultiDiscrete and MultiBinary")
-        obs_shape, obs_dtype = self.single_observation_space.shape, self.single_observation_space.dtype
-        act_shape, act_dtype = self.single_action_space.shape, self.single_action_space.dtype
-        batch, workers = cfg.num_envs, cfg.num_workers
-        self._shared = SharedArrays([
-            ArraySpec("obs", (batch, *obs_shape), obs_dtype),
-            ArraySpec("final_obs", (batch, *obs_shape), obs_dtype),
-            ArraySpec("actions", (batch, *act_shape), act_dtype),
-            ArraySpec("reward", (batch,), "float32"),
-            ArraySpec("terminated", (batch,), "bool"),
-            ArraySpec("truncated", (batch,), "bool"),
-            ArraySpec("episode_return", (batch,), "float64"),
-            ArraySpec("episode_length", (batch,), "int64"),
-            ArraySpec("env_errors", (workers,), "int64"),
-            ArraySpec("message", (workers, MESSAGE_BYTES), "uint8"),
-        ])
+        self._shared = SharedArrays(env_worker_layout(cfg.num_envs, cfg.num_workers, self.single_observation_space,
+                                                      self.single_action_space))
         shared = self._shared
         self._actions = shared["actions"]
         self._env_errors = shared["env_errors"]
@@ -195,7 +182,7 @@ class ShmVectorEnv:
         self._stepping = False
         self._broken = ""
         try:
-            for index in range(workers):
+            for index in range(cfg.num_workers):
                 self._start_worker(index)
             self._collect("starting")
         except BaseException:

@@ -50,7 +50,7 @@ import numpy as np
 from conveyor.config import ConfigError, EnvCfg
 from conveyor.errors import WorkerFailure
 from conveyor.envs.make import env_spaces
-from conveyor.envs.shm_worker import MESSAGE_BYTES, EnvWorker, WorkerSpec, write_message
+from conveyor.envs.shm_worker import EnvWorker, WorkerSpec, env_worker_layout, write_message
 from conveyor.envs.vector import exit_reason
 from conveyor.transport.shm import ArraySpec, SharedArrays, reap, receive_child_spec, send_child_spec, start_child
 
@@ -135,18 +135,7 @@ class StateBuffer:
             raise ConfigError(f"env {cfg.id!r} has a {act_space} action space: hts needs Discrete or a 1-D Box")
         B, workers = cfg.num_envs, cfg.num_workers
         self.shared = SharedArrays([
-            # The names EnvWorker reads and writes (the vector env's layout) ...
-            ArraySpec("obs", (B, *obs_space.shape), obs_space.dtype),
-            ArraySpec("final_obs", (B, *obs_space.shape), obs_space.dtype),
-            ArraySpec("actions", (B, *act_space.shape), act_space.dtype),
-            ArraySpec("reward", (B,), "float32"),
-            ArraySpec("terminated", (B,), "bool"),
-            ArraySpec("truncated", (B,), "bool"),
-            ArraySpec("episode_return", (B,), "float64"),
-            ArraySpec("episode_length", (B,), "int64"),
-            ArraySpec("env_errors", (workers,), "int64"),
-            ArraySpec("message", (workers, MESSAGE_BYTES), "uint8"),
-            # ... and what HTS adds to them.
+            *env_worker_layout(B, workers, obs_space, act_space),  # what EnvWorker reads and writes; HTS adds:
             ArraySpec("uniform", (B, *uniform_shape), "float32"),
             ArraySpec("request_step", (B,), "int64"),
             ArraySpec("env_seconds", (workers,), "float64"),
