@@ -128,9 +128,7 @@ class Run:
         if self.resume_path:
             state = self.resume_state
             learner.restore(state, self.resume_path)
-            self.telemetry.env_steps = self.telemetry._start_steps = int(state.get("env_steps", 0))
-            self.telemetry._last_log_steps = self.telemetry.env_steps
-            self.telemetry.episodes = int(state.get("episodes", 0))
+            self.telemetry.resume_from(int(state.get("env_steps", 0)), int(state.get("episodes", 0)))
             self._next_checkpoint = self.telemetry.env_steps + (self.cfg.checkpoint_every or 0)
         self._learner = learner
         return learner

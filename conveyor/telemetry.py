@@ -62,6 +62,12 @@ class Telemetry:
 
             self._tb = SummaryWriter(str(self.out_dir / "tb"))
 
+    def resume_from(self, env_steps: int, episodes: int) -> None:
+        """Continue the counters of a resumed run; its SPS counts only the steps taken from here."""
+        with self._lock:
+            self.env_steps = self._start_steps = self._last_log_steps = env_steps
+            self.episodes = episodes
+
     # ---- recording -----------------------------------------------------------------------
     @contextlib.contextmanager
     def timer(self, bucket: str) -> Iterator[None]:
