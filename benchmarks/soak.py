@@ -8,18 +8,24 @@ Writes ``soak.csv`` (one row per sample) and ``soak.md`` under ``--out`` and,
 with ``--markdown``, the ``soak`` section of BENCHMARKS.md.
 
     .venv/bin/python benchmarks/soak.py --minutes 30 --markdown BENCHMARKS.md   # the full soak (2.5 h)
+    .venv/bin/python benchmarks/soak.py --minutes 30 --parallel                  # all five at once (30 min)
     .venv/bin/python benchmarks/soak.py --minutes 1 --interval 5                 # a smoke run
+
+With ``--parallel`` the architectures share the cores, so each trains fewer
+steps in its 30 minutes; memory growth is what this measures, not speed.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from conveyor.bench import update_markdown_section, write_csv
@@ -72,6 +78,8 @@ def soak(arch: str, minutes: float, interval_s: float, out: Path) -> list[dict]:
                              "processes": processes})
         if process.returncode != 0:
             raise RuntimeError(f"{arch} exited with {process.returncode}; see {out / f'{arch}.log'}")
+    summary = json.loads((out / arch / "summary.json").read_text())
+    rows[-1]["env_steps"] = summary["env_steps"]
     return rows
 
 
@@ -90,23 +98,27 @@ def main() -> None:
     parser.add_argument("--archs", default=",".join(ARCH_ALGOS))
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/soak"))
     parser.add_argument("--markdown", type=Path, default=None, help="BENCHMARKS.md to update")
+    parser.add_argument("--parallel", action="store_true", help="run all architectures at the same time")
     args = parser.parse_args()
 
     args.out.mkdir(parents=True, exist_ok=True)
     all_rows: list[dict] = []
-    lines = ["| arch | minutes | samples | processes | RSS after warm-up MB | RSS at end MB | growth |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
-    with tempfile.TemporaryDirectory() as runs:
-        for arch in args.archs.split(","):
-            rows = soak(arch, args.minutes, args.interval, Path(runs))
+    lines = ["| arch | minutes | env steps | samples | processes | RSS after warm-up MB | RSS at end MB | growth |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    archs = args.archs.split(",")
+    with tempfile.TemporaryDirectory() as runs, ThreadPoolExecutor(len(archs) if args.parallel else 1) as pool:
+        results = pool.map(lambda arch: soak(arch, args.minutes, args.interval, Path(runs)), archs)
+        for arch, rows in zip(archs, results):
             all_rows += rows
             settled, end, rel = growth(rows, args.warmup)
-            lines.append(f"| {arch} | {args.minutes:g} | {len(rows)} | {rows[-1]['processes']} | {settled:.0f} | "
+            lines.append(f"| {arch} | {args.minutes:g} | {rows[-1]['env_steps']:,} | {len(rows)} | "
+                         f"{rows[-1]['processes']} | {settled:.0f} | "
                          f"{end:.0f} | {rel:+.1%} |")
             print(lines[-1], flush=True)
-    write_csv(args.out / "soak.csv", all_rows, ["arch", "t_s", "rss_mb", "processes"])
+    write_csv(args.out / "soak.csv", all_rows, ["arch", "t_s", "rss_mb", "processes", "env_steps"])
     body = "\n".join([
-        f"`benchmarks/soak.py --minutes {args.minutes:g} --interval {args.interval:g}` on CartPole-v1, "
+        f"`benchmarks/soak.py --minutes {args.minutes:g} --interval {args.interval:g}"
+        f"{' --parallel' if args.parallel else ''}` on CartPole-v1, "
         f"{time.strftime('%Y-%m-%d')}, {platform.machine()}, {os.cpu_count()} cores. RSS summed over the run's "
         "whole process tree; growth from the end of warm-up to the end (target: under 10%).",
         "", *lines])
