@@ -95,10 +95,13 @@ class EnvCfg:
     """Atari: clip training rewards to their sign (reported returns are unclipped)."""
     max_env_errors: int = 10
     """An env that raises is reset and logged up to this many times per run, then the run stops."""
+    max_restarts: int = 10
+    """Worker processes (env workers, executors, agents, actors) that die are restarted, their envs re-seeded,
+    up to this many times per run; one more death stops the run with an error (0: never restart)."""
 
     def __post_init__(self) -> None:
         _positive(self, "num_envs", "num_workers", "frame_stack", "frame_skip", "max_env_errors")
-        _non_negative(self, "noop_max")
+        _non_negative(self, "noop_max", "max_restarts")
         _choice("env backend", self.backend, ENV_BACKENDS)
         if self.num_envs % self.num_workers:
             raise ConfigError(

@@ -44,6 +44,7 @@ class Telemetry:
         self.episodes = start_episodes
         self.updates = 0
         self.restarts = 0
+        self.dropped_steps = 0
         self.env_errors = 0
         self.returns: collections.deque[float] = collections.deque(maxlen=100)
         self.return_curve: list[tuple[int, float, float]] = []  # (env_steps, wall_s, return) per episode
@@ -69,6 +70,13 @@ class Telemetry:
             self.episodes = episodes
 
     # ---- recording -----------------------------------------------------------------------
+    def add_restart(self, dropped_steps: int = 0) -> None:
+        """A dead worker process was restarted; ``dropped_steps`` transitions it had half-written were discarded
+        (never counted in ``env_steps``, never trained on)."""
+        with self._lock:
+            self.restarts += 1
+            self.dropped_steps += dropped_steps
+
     @contextlib.contextmanager
     def timer(self, bucket: str) -> Iterator[None]:
         start = time.perf_counter()
@@ -199,6 +207,7 @@ class Telemetry:
             "time_split": {k: v for k, v in self.time_split.items()},
             "time_split_fraction": {k: v / total_time for k, v in self.time_split.items()},
             "restarts": self.restarts,
+            "dropped_steps": self.dropped_steps,
             "env_errors": self.env_errors,
             "counters": dict(self.counters),
             "gauges": dict(self.gauges),

@@ -10,12 +10,12 @@
   ``StepResult`` with auto-reset, ``final_obs`` and per-episode returns.
 """
 
-from conveyor.envs.make import EPISODE_KEY, env_spaces, make_env
+from conveyor.envs.make import EPISODE_KEY, env_spaces, episode_seed, make_env
 from conveyor.envs.step_time import ENV_ID as STEP_TIME_ID
 from conveyor.envs.step_time import register as _register_step_time
 from conveyor.envs.vector import ObsShapeError, ShmVectorEnv, StepResult, VectorEnv, make_vector_env
 
 _register_step_time()
 
-__all__ = ["make_env", "env_spaces", "make_vector_env", "VectorEnv", "StepResult", "ObsShapeError", "ShmVectorEnv",
+__all__ = ["make_env", "env_spaces", "episode_seed", "make_vector_env", "VectorEnv", "StepResult", "ObsShapeError", "ShmVectorEnv",
            "EPISODE_KEY", "STEP_TIME_ID"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 
 from conveyor.config import ConfigError, EnvCfg
 
@@ -52,6 +53,15 @@ def make_env(cfg: EnvCfg, seed: int) -> gym.Env:
     env.reset(seed=seed)
     env.action_space.seed(seed)
     return env
+
+
+def episode_seed(seed: int, env: int, episode: int) -> int:
+    """The seed that starts episode ``episode`` of env ``env`` of a run seeded ``seed`` (a 32-bit hash of all three).
+
+    Seeding every episode makes an env's state a function of (episode, actions since its reset): a restarted
+    worker re-seeds its envs from their episode counters, and a resumed run rebuilds them by replaying actions.
+    """
+    return int(np.random.SeedSequence([seed, env, episode]).generate_state(1)[0])
 
 
 def env_spaces(cfg: EnvCfg, seed: int) -> tuple[gym.Space, gym.Space]:

@@ -1,0 +1,143 @@
+"""Fault-injection harness shared by the architectures' tests.
+
+- ``TAGGED_ID``: an env whose every observation names the transition it starts: the episode's reset seed
+  (conveyor seeds every episode, ``conveyor.envs.episode_seed``) and the step ``t`` within the episode, in
+  small exact floats so any model can eat them. Worker processes import this module by name (gymnasium's
+  ``module:id`` form).
+- ``BatchRecorder``: records the tags of every transition the learner computes gradients on.
+- ``check_transitions``: asserts no transition was trained on twice and none is missing inside an episode.
+- ``kill_child``: SIGKILLs a child process of this one (an env worker, executor, agent or actor) mid-run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Callable
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from conveyor.learner import Learner
+
+TAGGED_ID = "tests.fault_env:Tagged-v0"
+_SCALE = 65536.0
+
+
+class TaggedEnv(gym.Env):
+    """Observation ``[seed_hi, seed_lo, t] / 65536`` (float32, exact); episodes last ``4 + seed % 5`` steps.
+
+    The reward is 1 for action 0, else 0: learnable, and every observation is a tag, not a state to model.
+    """
+
+    def __init__(self) -> None:
+        self.observation_space = gym.spaces.Box(0.0, 1.0, (3,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.identity, self.t = 0, 0
+
+    def _obs(self) -> np.ndarray:
+        return np.array([self.identity >> 16, self.identity & 0xFFFF, self.t], np.float32) / _SCALE
+
+    def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        if seed is not None:
+            self.identity = seed
+        else:  # an unseeded reset still starts a new, distinct episode
+            self.identity = int(self.np_random.integers(2**32))
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
+        self.t += 1
+        return self._obs(), float(action == 0), self.t == 4 + self.identity % 5, False, {}
+
+
+gym.register("Tagged-v0", entry_point=TaggedEnv)
+
+
+def tags(obs: Any) -> np.ndarray:
+    """``[N, 2]`` int64 (episode seed, t) of observations ``[..., 3]``."""
+    raw = np.rint(np.asarray(obs, np.float64).reshape(-1, 3) * _SCALE).astype(np.int64)
+    return np.stack([(raw[:, 0] << 16) | raw[:, 1], raw[:, 2]], 1)
+
+
+class BatchRecorder:
+    """While active, records the tags of ``batch["obs"][:T]`` of every ``Learner.compute_gradients`` call
+    (the transitions; ``obs[T]`` is only the bootstrap)."""
+
+    def __init__(self, monkeypatch: Any) -> None:
+        self.batches: list[np.ndarray] = []
+        self._lock = threading.Lock()
+        original = Learner.compute_gradients
+
+        def recording(learner: Learner, batch: dict[str, torch.Tensor], *args: Any, **kwargs: Any) -> Any:
+            steps = batch["rewards"].shape[0]
+            observed = tags(batch["obs"][:steps].detach().cpu().numpy())
+            with self._lock:
+                self.batches.append(observed)
+            return original(learner, batch, *args, **kwargs)
+
+        monkeypatch.setattr(Learner, "compute_gradients", recording)
+
+    @property
+    def transitions(self) -> np.ndarray:
+        with self._lock:
+            return np.concatenate(self.batches) if self.batches else np.empty((0, 2), np.int64)
+
+
+def check_transitions(transitions: np.ndarray) -> dict[str, int]:
+    """Assert each (episode, t) was trained on at most once and every episode's steps form a prefix
+    ``0..m`` (a gap is a lost transition; only an episode's tail may be missing: still running at the end, or
+    cut by a worker's death). Returns counts: transitions, episodes, complete episodes."""
+    unique, counts = np.unique(transitions, axis=0, return_counts=True)
+    duplicated = unique[counts > 1]
+    assert not len(duplicated), f"{len(duplicated)} transitions trained on twice, e.g. {duplicated[:3].tolist()}"
+    steps: dict[int, list[int]] = defaultdict(list)
+    for identity, t in unique.tolist():
+        steps[identity].append(t)
+    gaps = {identity: ts for identity, ts in steps.items() if sorted(ts) != list(range(len(ts)))}
+    assert not gaps, f"{len(gaps)} episodes lost transitions in the middle, e.g. {list(gaps.items())[:3]}"
+    complete = sum(len(ts) == 4 + identity % 5 for identity, ts in steps.items())
+    return {"transitions": len(unique), "episodes": len(steps), "complete_episodes": complete}
+
+
+def children(pid: int | None = None) -> dict[int, str]:
+    """Live child processes of ``pid`` (default: this process), with their command lines."""
+    pid = os.getpid() if pid is None else pid
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                if int(stat[1]) == pid and stat[0] != "Z":
+                    found[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except (OSError, IndexError, ValueError):
+                continue  # exited while we looked
+    return found
+
+
+def kill_child(match: str, when: Callable[[], bool], timeout_s: float = 120.0,
+               sig: int = signal.SIGKILL) -> threading.Thread:
+    """A started thread that waits until ``when()`` holds, then kills one child whose command line contains
+    ``match``; ``thread.killed`` holds the pid (0 when none was found in ``timeout_s``)."""
+
+    def wait_and_kill() -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if when():
+                matching = [pid for pid, cmd in children().items() if match in cmd]
+                if matching:
+                    os.kill(matching[0], sig)
+                    thread.killed = matching[0]
+                    return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=wait_and_kill, daemon=True)
+    thread.killed = 0  # type: ignore[attr-defined]
+    thread.start()
+    return thread
