@@ -3,7 +3,10 @@
 Targets and advantages are detached inside every term, so a caller can pass
 tensors that still carry gradients without leaking them into the target.
 Shapes are ``[T, B]`` unless noted; any matching shapes work where a term
-only averages.
+only averages. Terms that average take an optional boolean ``mask`` of the
+same shape: the mean runs over its true elements only (a step a dead worker
+lost is masked out, ``RolloutStorage.drop_step``), and masked elements may
+hold anything, NaN included.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from torch import Tensor
 from conveyor.returns import value_rescale, value_rescale_inverse
 
 __all__ = [
-    "entropy_loss", "ga3c_entropy", "ga3c_policy_loss", "impact_ratio", "normalize_advantages",
+    "entropy_loss", "ga3c_entropy", "ga3c_policy_loss", "impact_ratio", "masked_mean", "normalize_advantages",
     "policy_gradient_loss", "ppo_clip_loss", "r2d2_targets", "sequence_priorities", "value_loss",
 ]
 
@@ -29,38 +32,57 @@ def _check_same_shape(op: str, **tensors: Tensor) -> None:
                              f"like {first_name}")
 
 
-def policy_gradient_loss(logp: Tensor, advantages: Tensor) -> Tensor:
+def masked_mean(values: Tensor, mask: Tensor | None = None) -> Tensor:
+    """Mean of ``values`` over the elements where ``mask`` (bool, same shape) is true; all when None.
+
+    Masked elements never reach the result, not even as NaN * 0; an all-false mask gives 0.
+    """
+    if mask is None:
+        return values.mean()
+    _check_same_shape("masked_mean", values=values, mask=mask)
+    if mask.dtype != torch.bool:
+        raise ValueError(f"masked_mean: mask must be bool, got {mask.dtype}")
+    return torch.where(mask, values, torch.zeros_like(values)).sum() / mask.sum().clamp(min=1)
+
+
+def policy_gradient_loss(logp: Tensor, advantages: Tensor, mask: Tensor | None = None) -> Tensor:
     """REINFORCE with a baseline (Williams 1992; A3C / PAAC): ``-mean(logp * advantages)``.
 
     Args:
         logp: ``[T, B]``, log pi(a_t | s_t), differentiable.
         advantages: ``[T, B]``, detached here.
+        mask: ``[T, B]`` bool, the elements to average (all when None).
     """
     _check_same_shape("policy_gradient_loss", logp=logp, advantages=advantages)
-    return -(logp * advantages.detach()).mean()
+    return -masked_mean(logp * advantages.detach(), mask)
 
 
-def value_loss(values: Tensor, targets: Tensor) -> Tensor:
+def value_loss(values: Tensor, targets: Tensor, mask: Tensor | None = None) -> Tensor:
     """Squared error ``0.5 * mean((values - targets)^2)``; ``targets`` ``[T, B]`` are detached."""
     _check_same_shape("value_loss", values=values, targets=targets)
-    return 0.5 * (values - targets.detach()).pow(2).mean()
+    return 0.5 * masked_mean((values - targets.detach()).pow(2), mask)
 
 
-def entropy_loss(entropy: Tensor) -> Tensor:
+def entropy_loss(entropy: Tensor, mask: Tensor | None = None) -> Tensor:
     """``-mean(entropy)``: minimising it maximises the entropy bonus (A3C). ``entropy`` is ``[T, B]``."""
-    return -entropy.mean()
+    return -masked_mean(entropy, mask)
 
 
-def normalize_advantages(advantages: Tensor, eps: float = 1e-8) -> Tensor:
-    """``(A - mean(A)) / (std(A) + eps)`` over all elements, detached (PPO implementations).
+def normalize_advantages(advantages: Tensor, eps: float = 1e-8, mask: Tensor | None = None) -> Tensor:
+    """``(A - mean(A)) / (std(A) + eps)`` over all elements (the ``mask``ed ones), detached (PPO
+    implementations). Masked-out elements come back as 0.
 
     The population std (no Bessel correction) keeps a single-element batch finite.
     """
     advantages = advantages.detach()
-    return (advantages - advantages.mean()) / (advantages.std(correction=0) + eps)
+    if mask is None:
+        return (advantages - advantages.mean()) / (advantages.std(correction=0) + eps)
+    mean = masked_mean(advantages, mask)
+    std = masked_mean((advantages - mean).pow(2), mask).sqrt()
+    return torch.where(mask, (advantages - mean) / (std + eps), torch.zeros_like(advantages))
 
 
-def ppo_clip_loss(ratio: Tensor, advantages: Tensor, clip: float) -> Tensor:
+def ppo_clip_loss(ratio: Tensor, advantages: Tensor, clip: float, mask: Tensor | None = None) -> Tensor:
     """PPO clipped surrogate (Schulman et al. 2017, eq. 7), negated to be minimised.
 
     ``-mean(min(r A, clip(r, 1 - clip, 1 + clip) A))``.
@@ -76,7 +98,7 @@ def ppo_clip_loss(ratio: Tensor, advantages: Tensor, clip: float) -> Tensor:
     advantages = advantages.detach()
     unclipped = ratio * advantages
     clipped = ratio.clamp(1 - clip, 1 + clip) * advantages
-    return -torch.minimum(unclipped, clipped).mean()
+    return -masked_mean(torch.minimum(unclipped, clipped), mask)
 
 
 def impact_ratio(learner_logp: Tensor, target_logp: Tensor, worker_logp: Tensor, rho: float) -> Tensor:

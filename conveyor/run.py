@@ -84,6 +84,7 @@ class Run:
         self._previous_handlers: dict[int, Any] = {}
         self._next_checkpoint = cfg.checkpoint_every or 0
         self._learner: Learner | None = None
+        self._resume_state_fn: Any = None
         self.target_return = resolve_target_return(cfg)
 
     # ---- lifecycle -----------------------------------------------------------------------
@@ -128,19 +129,32 @@ class Run:
         if self.resume_path:
             state = self.resume_state
             learner.restore(state, self.resume_path)
-            self.telemetry.resume_from(int(state.get("env_steps", 0)), int(state.get("episodes", 0)))
+            self.telemetry.resume_from(int(state.get("env_steps", 0)), int(state.get("episodes", 0)),
+                                       state.get("recent_returns", []))
             self._next_checkpoint = self.telemetry.env_steps + (self.cfg.checkpoint_every or 0)
         self._learner = learner
         return learner
+
+    def save_with_checkpoints(self, state_fn: Any) -> None:
+        """Add ``state_fn()`` (a dict of tensors, lists and numbers) to every checkpoint: what an architecture
+        needs beyond the learner to resume exactly (env history, sampler state, ...). A resumed run finds it in
+        ``resume_state``."""
+        self._resume_state_fn = state_fn
 
     # ---- per step ------------------------------------------------------------------------
     def record_env_step(self, num_envs: int, episode_returns: np.ndarray) -> None:
         self.telemetry.add_steps(num_envs)
         self.telemetry.add_episodes(episode_returns)
 
-    def after_update(self, learner: Learner, metrics: dict[str, float]) -> None:
+    def after_update(self, learner: Learner, metrics: dict[str, float], checkpoint: bool = True) -> None:
+        """Record the update; write a periodic checkpoint when one is due (unless the architecture
+        checkpoints at another point of its loop: ``checkpoint=False`` and ``checkpoint_if_due``)."""
         self.telemetry.add_update(metrics)
         self.telemetry.maybe_log()
+        if checkpoint:
+            self.checkpoint_if_due(learner)
+
+    def checkpoint_if_due(self, learner: Learner) -> None:
         if self.cfg.checkpoint_every and self.telemetry.env_steps >= self._next_checkpoint:
             self.checkpoint(learner)
             self._next_checkpoint += self.cfg.checkpoint_every
@@ -161,7 +175,10 @@ class Run:
     def checkpoint(self, learner: Learner, **extra: Any) -> Path:
         tel = self.telemetry
         path = self.out / "checkpoints" / f"ckpt-{tel.env_steps:012d}.pt"
-        learner.save(path, env_steps=tel.env_steps, episodes=tel.episodes, wall_time_s=tel.wall_time_s, **extra)
+        if self._resume_state_fn is not None:
+            extra = {**self._resume_state_fn(), **extra}
+        learner.save(path, env_steps=tel.env_steps, episodes=tel.episodes, wall_time_s=tel.wall_time_s,
+                     recent_returns=list(tel.returns), **extra)
         periodic = sorted((self.out / "checkpoints").glob("ckpt-*.pt"))
         for old in periodic[: max(0, len(periodic) - self.cfg.keep_checkpoints)]:
             old.unlink()

@@ -63,18 +63,20 @@ class Telemetry:
 
             self._tb = SummaryWriter(str(self.out_dir / "tb"))
 
-    def resume_from(self, env_steps: int, episodes: int) -> None:
-        """Continue the counters of a resumed run; its SPS counts only the steps taken from here."""
+    def resume_from(self, env_steps: int, episodes: int, recent_returns: list[float] = ()) -> None:
+        """Continue the counters of a resumed run (and its last-100 returns, which stop a run at its target);
+        its SPS counts only the steps taken from here."""
         with self._lock:
             self.env_steps = self._start_steps = self._last_log_steps = env_steps
             self.episodes = episodes
+            self.returns.extend(recent_returns)
 
     # ---- recording -----------------------------------------------------------------------
-    def add_restart(self, dropped_steps: int = 0) -> None:
-        """A dead worker process was restarted; ``dropped_steps`` transitions it had half-written were discarded
-        (never counted in ``env_steps``, never trained on)."""
+    def add_restart(self, dropped_steps: int = 0, restarts: int = 1) -> None:
+        """``restarts`` dead worker processes were restarted; ``dropped_steps`` transitions they had
+        half-written were discarded (never counted in ``env_steps``, never trained on)."""
         with self._lock:
-            self.restarts += 1
+            self.restarts += restarts
             self.dropped_steps += dropped_steps
 
     @contextlib.contextmanager

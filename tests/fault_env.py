@@ -68,7 +68,7 @@ def tags(obs: Any) -> np.ndarray:
 
 class BatchRecorder:
     """While active, records the tags of ``batch["obs"][:T]`` of every ``Learner.compute_gradients`` call
-    (the transitions; ``obs[T]`` is only the bootstrap)."""
+    (the transitions; ``obs[T]`` is only the bootstrap), less those ``batch["valid"]`` masks out."""
 
     def __init__(self, monkeypatch: Any) -> None:
         self.batches: list[np.ndarray] = []
@@ -78,6 +78,8 @@ class BatchRecorder:
         def recording(learner: Learner, batch: dict[str, torch.Tensor], *args: Any, **kwargs: Any) -> Any:
             steps = batch["rewards"].shape[0]
             observed = tags(batch["obs"][:steps].detach().cpu().numpy())
+            if "valid" in batch:  # steps masked out of the loss are not trained on
+                observed = observed[batch["valid"].cpu().numpy().reshape(-1)]
             with self._lock:
                 self.batches.append(observed)
             return original(learner, batch, *args, **kwargs)

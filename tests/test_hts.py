@@ -6,6 +6,7 @@ import copy
 import json
 import os
 import random
+import re
 import statistics
 import subprocess
 import sys
@@ -21,7 +22,7 @@ import torch
 from conveyor import train
 from conveyor.algos import make_loss
 from conveyor.architectures import hts
-from conveyor.architectures.hts import delayed_update
+from conveyor.hts import delayed_update
 from conveyor.config import AlgoCfg, ArchCfg, EnvCfg, ModelCfg, RunCfg
 from conveyor.envs import STEP_TIME_ID
 from conveyor.envs.step_time import EPISODE_STEPS
@@ -70,7 +71,7 @@ def write_cell(storage: DoubleStorage, kind: str, t: int, env: int) -> None:
                               torch.tensor([10 * t + env]), torch.zeros(1), torch.zeros(1), version=7)
     elif kind == "result":
         storage.write_results(one(t), one(env), torch.tensor([100.0 * t + env]), torch.full((1,), 0.99),
-                              one(float(env) if t == 1 else np.nan))
+                              one(float(env) if t == 1 else np.nan), one(t == 1), one(True))
     else:
         storage.write_last(one(env), torch.tensor([[t, env]], dtype=torch.float32), torch.zeros(1))
 
@@ -100,7 +101,7 @@ def test_storages_swap_without_losing_or_duplicating_a_transition():
         filling = storage.filling
         fill_from_threads(storage, seed=cycle)
         assert storage.wait_full(1.0)
-        full, returns = storage.swap()
+        full, returns, _, _ = storage.swap()
         assert full is filling and storage.filling is not full and full not in seen
         seen.append(full)
         assert full.unwritten_steps() == 0
@@ -273,7 +274,7 @@ def test_executors_step_only_answered_envs_and_a_dead_one_is_named_and_none_outl
         buffer.start_round()
         assert take(buffer, 4) == [0, 1, 2, 3]  # one act request per env, then nothing until answered
         assert (buffer.request_step == 0).all()
-        generators = [uniform_generator(0, e) for e in range(4)]  # each env's own, seeded from (seed, env)
+        generators = [uniform_generator(0, e, 0) for e in range(4)]  # each env's own: (seed, env, round)
         assert buffer.uniform.tolist() == [g.random(dtype=np.float32) for g in generators]
         first_obs = buffer.obs.copy()
         buffer.send_actions(np.array([0, 3]), np.array([1, 0]))
@@ -283,11 +284,11 @@ def test_executors_step_only_answered_envs_and_a_dead_one_is_named_and_none_outl
         assert not np.array_equal(buffer.obs[[0, 3]], first_obs[[0, 3]])
         np.testing.assert_array_equal(buffer.obs[[1, 2]], first_obs[[1, 2]])
         os.kill(pids[1], 9)
-        with pytest.raises(RuntimeError, match=r"executor 1 .*envs 2-3.*killed by signal SIGKILL"):
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                buffer.check_executors()
-                time.sleep(0.05)
+        deadline = time.monotonic() + 10
+        while not buffer.dead_executors() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert buffer.dead_executors() == [1]
+        assert re.search(r"executor 1 .*envs 2-3.*killed by signal SIGKILL", buffer.death(1))
     finally:
         buffer.close()
     assert not any(alive(pid) for pid in pids)

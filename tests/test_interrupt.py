@@ -59,10 +59,11 @@ def test_signal_saves_checkpoint_and_exits_without_orphans(tmp_path, sig):
     assert os.path.exists(out / "config.json")
 
 
-def test_killed_worker_stops_the_run_with_one_line_and_a_checkpoint(tmp_path):
+def test_killed_worker_past_max_restarts_stops_the_run_with_one_line_and_a_checkpoint(tmp_path):
     out = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "conveyor.cli", "train", "--out", str(out), "--no-progress",
-                             "--total-steps", "100000000", "--target-return", "inf", "--torch-threads", "1"],
+                             "--total-steps", "100000000", "--target-return", "inf", "--torch-threads", "1",
+                             "--max-restarts", "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not (out / "metrics.csv").exists() or (out / "metrics.csv").read_text().count("\n") < 2:
@@ -75,8 +76,36 @@ def test_killed_worker_stops_the_run_with_one_line_and_a_checkpoint(tmp_path):
     assert proc.returncode == 1
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in stderr, stderr
-    assert "died" in lines[0] and "SIGKILL" in lines[0] and "--resume" in lines[0]
+    assert "died" in lines[0] and "SIGKILL" in lines[0] and "--max-restarts" in lines[0] and "--resume" in lines[0]
     assert list((out / "checkpoints").glob("*.pt"))
     time.sleep(0.5)
     assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()
                 and "Z" not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]]
+
+
+@pytest.mark.parametrize("arch", ["paac", "hts"])
+def test_ctrl_c_then_resume_reaches_the_parameters_of_an_uninterrupted_run(tmp_path, arch):
+    args = [sys.executable, "-m", "conveyor.cli", "train", "--arch", arch, "--num-envs", "8", "--seed", "3",
+            "--total-steps", "40000", "--target-return", "inf", "--torch-threads", "1", "--no-progress",
+            "--log-interval-s", "0.2"]
+    whole = subprocess.run(args + ["--out", str(tmp_path / "whole")], capture_output=True, text=True, timeout=300)
+    assert whole.returncode == 0, whole.stderr
+    out = tmp_path / "split"
+    proc = subprocess.Popen(args + ["--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (out / "metrics.csv").exists() or (out / "metrics.csv").read_text().count("\n") < 4:
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() < deadline, "the run never started logging"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+    stopped = json.loads((out / "summary.json").read_text())
+    assert stopped["stop_reason"] == "signal SIGINT" and stopped["env_steps"] < 40000
+    resumed = subprocess.run([sys.executable, "-m", "conveyor.cli", "train", "--resume", str(out), "--no-progress"],
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    expected = json.loads((tmp_path / "whole" / "summary.json").read_text())
+    final = json.loads((out / "summary.json").read_text())
+    assert final["env_steps"] == expected["env_steps"]
+    assert final["param_sha256"] == expected["param_sha256"]

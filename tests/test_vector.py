@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from conveyor.config import ConfigError, EnvCfg
-from conveyor.envs import ObsShapeError, make_env, make_vector_env
+from conveyor.errors import WorkerFailure
+from conveyor.envs import ObsShapeError, episode_seed, make_env, make_vector_env
 
 # Workers import this module by name to find the counting env (gymnasium's "module:id" form).
 COUNTING_ID = "tests.test_vector:CountingTest-v0"
@@ -21,11 +22,12 @@ NO_ERROR = -1
 
 
 class CountingEnv(gym.Env):
-    """Observation ``[seed, episode, t, last action]``: every step says where it came from.
+    """Observation ``[episode seed, episode, t, last action]``: every step says where it came from.
 
-    The env's seed (``seed + i`` for vector env i) is its identity. Episodes
-    last ``3 + seed % 4`` steps; they end terminated for even seeds and
-    truncated for odd ones. The reward is the action, so the return is the
+    The env's first seed (``seed + i`` for vector env i, from ``make_env``) is its home; later seeded resets
+    (the vector env seeds every episode: ``episode_seed``) change only the first column. ``episode`` counts
+    resets, the construction's included. Episodes last ``3 + home % 4`` steps; they end terminated for even
+    homes and truncated for odd ones. The reward is the action, so the return is the
     sum of the episode's actions. For failure tests, env ``fail_seed`` raises
     on its ``fail_every``-th steps, and env ``reshape_seed`` returns a longer
     observation at step ``reshape_at``.
@@ -37,32 +39,33 @@ class CountingEnv(gym.Env):
         self.action_space = gym.spaces.Discrete(1000)
         self.fail_seed, self.fail_every = fail_seed, fail_every
         self.reshape_seed, self.reshape_at = reshape_seed, reshape_at
-        self.identity = NO_ERROR
+        self.identity = self.home = NO_ERROR
         self.episode = -1
         self.t = 0
         self.total_steps = 0
 
     def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[np.ndarray, dict]:
         if seed is not None:
-            self.identity, self.episode = seed, -1
+            self.identity = seed
+            self.home = seed if self.home == NO_ERROR else self.home
         self.episode += 1
         self.t = 0
         return np.array([self.identity, self.episode, 0, -1]), {}
 
     def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
         self.total_steps += 1
-        if self.identity == self.fail_seed and self.total_steps % self.fail_every == 0:
+        if self.home == self.fail_seed and self.total_steps % self.fail_every == 0:
             raise RuntimeError("counting env failure on purpose")
         self.t += 1
         obs = np.array([self.identity, self.episode, self.t, action])
-        if self.identity == self.reshape_seed and self.total_steps == self.reshape_at:
+        if self.home == self.reshape_seed and self.total_steps == self.reshape_at:
             obs = np.zeros(5, np.int64)
-        ended = self.t == episode_length(self.identity)
-        return obs, float(action), ended and self.identity % 2 == 0, ended and self.identity % 2 == 1, {}
+        ended = self.t == episode_length(self.home)
+        return obs, float(action), ended and self.home % 2 == 0, ended and self.home % 2 == 1, {}
 
 
-def episode_length(identity: int) -> int:
-    return 3 + identity % 4
+def episode_length(home: int) -> int:
+    return 3 + home % 4
 
 
 gym.register("CountingTest-v0", entry_point=CountingEnv)
@@ -88,14 +91,18 @@ def children_of(pid: int) -> list[int]:
 
 def test_every_step_of_every_env_arrives_exactly_once_in_order():
     seed, batch = 100, 6
-    identity = seed + np.arange(batch)
+    home = seed + np.arange(batch)
     rng = np.random.default_rng(0)
+
+    def seeds(episode: np.ndarray) -> np.ndarray:  # the vector env's episode k is the env's episode k + 1
+        return np.array([episode_seed(seed, i, k - 1) for i, k in enumerate(episode)])
+
     with make_vector_env(counting_cfg(batch, 3), seed) as venv:
         assert (venv.num_envs, venv.single_action_space, venv.single_observation_space.shape) == (
             batch, gym.spaces.Discrete(1000), (4,))
         obs = venv.reset()
         # Episode 0 was make_env's seeding reset; the vector env's reset starts episode 1.
-        np.testing.assert_array_equal(obs, np.stack([identity, np.ones(batch), np.zeros(batch),
+        np.testing.assert_array_equal(obs, np.stack([seeds(np.ones(batch, int)), np.ones(batch), np.zeros(batch),
                                                      -np.ones(batch)], 1))
         episode, t, returns = np.ones(batch, int), np.zeros(batch, int), np.zeros(batch)
         for step in range(60):
@@ -107,24 +114,24 @@ def test_every_step_of_every_env_arrives_exactly_once_in_order():
                 result = venv.step_wait()
             t += 1
             returns += actions
-            ended = t == episode_length(identity)
-            np.testing.assert_array_equal(result.terminated, ended & (identity % 2 == 0))
-            np.testing.assert_array_equal(result.truncated, ended & (identity % 2 == 1))
+            ended = t == episode_length(home)
+            np.testing.assert_array_equal(result.terminated, ended & (home % 2 == 0))
+            np.testing.assert_array_equal(result.truncated, ended & (home % 2 == 1))
             np.testing.assert_array_equal(result.reward, actions.astype(np.float32))
             np.testing.assert_array_equal(result.final_obs[ended],
-                                          np.stack([identity, episode, t, actions], 1)[ended])
+                                          np.stack([seeds(episode), episode, t, actions], 1)[ended])
             np.testing.assert_array_equal(result.episode_return[ended], returns[ended])
             assert np.isnan(result.episode_return[~ended]).all()
             np.testing.assert_array_equal(result.episode_length, np.where(ended, t, 0))
             episode += ended
             t[ended] = 0
             returns[ended] = 0
-            expected_obs = np.stack([identity, episode, t, np.where(ended, -1, actions)], 1)
+            expected_obs = np.stack([seeds(episode), episode, t, np.where(ended, -1, actions)], 1)
             np.testing.assert_array_equal(result.obs, expected_obs)
         assert episode.min() > 60 // 6
 
 
-def test_env_i_is_make_env_with_seed_plus_i():
+def test_env_i_is_make_env_with_seed_plus_i_and_episode_k_starts_from_episode_seed():
     cfg = EnvCfg(id="CartPole-v1", num_envs=4, num_workers=2)
     rng = np.random.default_rng(0)
     actions = rng.integers(0, 2, (30, cfg.num_envs))
@@ -138,10 +145,14 @@ def test_env_i_is_make_env_with_seed_plus_i():
     assert not np.array_equal(rollout, vector_rollout(8))
     for i in range(cfg.num_envs):
         env = make_env(cfg, 7 + i)
-        single = [env.reset()[0]]
+        episode = 0
+        single = [env.reset(seed=episode_seed(7, i, episode))[0]]
         for a in actions[:, i]:
             obs, _, terminated, truncated, _ = env.step(a)
-            single.append(env.reset()[0] if terminated or truncated else obs)
+            if terminated or truncated:
+                episode += 1
+                obs = env.reset(seed=episode_seed(7, i, episode))[0]
+            single.append(obs)
         np.testing.assert_array_equal(rollout[:, i], np.stack(single))
 
 
@@ -203,7 +214,7 @@ def test_env_that_raises_is_reset_truncated_and_counted():
         assert venv.env_errors == 1
         assert result.truncated[3] and not result.terminated[3] and np.isnan(result.episode_return[3])
         np.testing.assert_array_equal(result.final_obs[3], before.obs[3])
-        np.testing.assert_array_equal(result.obs[3], [seed + 3, 2, 0, -1])  # a fresh episode
+        np.testing.assert_array_equal(result.obs[3], [episode_seed(seed, 3, 1), 2, 0, -1])  # a fresh episode
         np.testing.assert_array_equal(result.obs[:3, 2], [2, 2, 2])  # the others went on
         venv.step(np.zeros(4, int))
         venv.step(np.zeros(4, int))
@@ -256,3 +267,54 @@ def test_pong_backends_share_shapes_and_auto_reset_semantics(backend):
             finished |= done
             obs = result.obs
         assert finished.all()
+
+
+def test_dead_worker_is_restarted_with_its_envs_on_their_next_episodes():
+    seed = 3
+    cfg = dataclasses.replace(counting_cfg(4, 2), max_restarts=1)
+    with make_vector_env(cfg, seed, restart_workers=True) as venv:
+        venv.reset()
+        before = venv.step(np.full(4, 7))
+        assert not before.restarted.any()
+        os.kill(venv.worker_pids[1], signal.SIGKILL)
+        start = time.monotonic()
+        result = venv.step(np.full(4, 8))
+        assert time.monotonic() - start < 5.0
+        np.testing.assert_array_equal(result.restarted, [False, False, True, True])
+        np.testing.assert_array_equal(result.obs[:2, 2], [2, 2])  # envs 0-1 went on
+        # Envs 2-3 start the episode after the one that was cut (the vector env's episode 1, not 0 again).
+        np.testing.assert_array_equal(result.obs[2:, 0], [episode_seed(seed, 2, 1), episode_seed(seed, 3, 1)])
+        np.testing.assert_array_equal(result.obs[2:, 2], [0, 0])
+        assert not result.terminated[2:].any() and not result.truncated[2:].any()
+        assert venv.restarts == 1
+        assert not venv.step(np.full(4, 9)).restarted.any()
+        os.kill(venv.worker_pids[0], signal.SIGKILL)
+        with pytest.raises(WorkerFailure, match=r"env worker 0 .*SIGKILL.* after 1 restarts: raise --max-restarts"):
+            venv.step(np.zeros(4, int))
+
+
+@pytest.mark.parametrize("env_id, env_args", [
+    (COUNTING_ID, ()),
+    ("CartPole-v1", ()),
+    ("ALE/Breakout-v5", (("repeat_action_probability", 0.25),)),  # lives, sticky actions, no-op starts
+])
+def test_env_state_rebuilds_every_env_exactly(env_id, env_args):
+    cfg = EnvCfg(id=env_id, num_envs=4, num_workers=2, env_args=env_args, episodic_life=True)
+    actions = np.random.default_rng(1).integers(0, 4 if "Breakout" in env_id else 2, (260, 4))
+    with make_vector_env(cfg, 5) as venv:
+        venv.reset()
+        for a in actions[:200]:
+            venv.step(a)
+        state = venv.history.state()
+        original = [venv.step(a) for a in actions[200:]]
+    if "Breakout" in env_id:  # the recorded games span lost lives
+        assert any(len(b) and b[:-1].any() for b in state["boundaries"])
+    with make_vector_env(cfg, 5, env_state=state) as venv:
+        venv.reset()
+        rebuilt = [venv.step(a) for a in actions[200:]]
+    for ours, theirs in zip(original, rebuilt):
+        for field in ("obs", "reward", "terminated", "truncated", "episode_return"):
+            mine, rebuilt_field = getattr(ours, field), getattr(theirs, field)
+            if field == "obs" and env_id == COUNTING_ID:  # its reset counter (column 1) is not state a seed sets
+                mine, rebuilt_field = mine[:, [0, 2, 3]], rebuilt_field[:, [0, 2, 3]]
+            np.testing.assert_array_equal(mine, rebuilt_field)

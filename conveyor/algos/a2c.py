@@ -2,6 +2,7 @@
 
 ``loss = pg + value_coef * value - entropy_coef * entropy`` with
 ``G_t = r_t + d_t G_{t+1}`` bootstrapped from V(s_T) and advantages ``G_t - V(s_t)``.
+Means run over ``batch["valid"]`` when the batch has it (steps a dead worker lost are false).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from torch import Tensor
 
 from conveyor.algos import LossFn, batch_series, rollout_length
 from conveyor.config import RunCfg
-from conveyor.losses import entropy_loss, policy_gradient_loss, value_loss
+from conveyor.losses import entropy_loss, masked_mean, policy_gradient_loss, value_loss
 from conveyor.models.heads import ModelOut
 from conveyor.returns import nstep_returns
 
@@ -25,12 +26,13 @@ def make_loss(cfg: RunCfg) -> LossFn:
         returns = nstep_returns(batch_series(batch, "rewards", values), batch_series(batch, "discounts", values),
                                 values[T].detach())
         advantages = returns - values[:T]
-        policy = policy_gradient_loss(acting.log_prob(batch["actions"]), advantages)
-        value = value_loss(values[:T], returns)
-        entropy = acting.entropy().mean()
+        valid = batch.get("valid")
+        policy = policy_gradient_loss(acting.log_prob(batch["actions"]), advantages, valid)
+        value = value_loss(values[:T], returns, valid)
+        entropy = masked_mean(acting.entropy(), valid)
         loss = policy + algo.value_coef * value + algo.entropy_coef * entropy_loss(entropy)
         metrics = {"loss": loss, "policy_loss": policy, "value_loss": value, "entropy": entropy,
-                   "advantage_mean": advantages.mean()}
+                   "advantage_mean": masked_mean(advantages, valid)}
         return loss, {name: m.detach() for name, m in metrics.items()}
 
     return loss_fn

@@ -5,7 +5,8 @@ Advantages come from the values recorded at acting time (``batch["behaviour_valu
 ``returns = advantages + behaviour_value[:T]`` are the value targets.
 ``loss = ppo_clip(exp(logp - behaviour_logp), A) + value_coef * value - entropy_coef * entropy``;
 advantages are normalized per call when ``cfg.algo.normalize_advantages``.
-Minibatching (by env columns) happens outside: any B works.
+Minibatching (by env columns) happens outside: any B works. Means run over
+``batch["valid"]`` when the batch has it (steps a dead worker lost are false).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from torch import Tensor
 
 from conveyor.algos import LossFn, batch_series, rollout_length
 from conveyor.config import RunCfg
-from conveyor.losses import entropy_loss, normalize_advantages, ppo_clip_loss, value_loss
+from conveyor.losses import entropy_loss, masked_mean, normalize_advantages, ppo_clip_loss, value_loss
 from conveyor.models.heads import ModelOut
 from conveyor.returns import gae
 
@@ -30,21 +31,23 @@ def make_loss(cfg: RunCfg) -> LossFn:
         advantages = gae(batch_series(batch, "rewards", values), batch_series(batch, "discounts", values),
                          behaviour_value[:T], behaviour_value[T], algo.gae_lambda)
         returns = advantages + behaviour_value[:T]
+        valid = batch.get("valid")
         if algo.normalize_advantages:
-            advantages = normalize_advantages(advantages)
+            advantages = normalize_advantages(advantages, mask=valid)
         acting = model_out.time_slice(0, T)
         log_ratio = acting.log_prob(batch["actions"]) - batch_series(batch, "behaviour_logp", values)
         ratio = torch.exp(log_ratio)
-        policy = ppo_clip_loss(ratio, advantages, algo.clip)
-        value = value_loss(values[:T], returns)
-        entropy = acting.entropy().mean()
+        policy = ppo_clip_loss(ratio, advantages, algo.clip, valid)
+        value = value_loss(values[:T], returns, valid)
+        entropy = masked_mean(acting.entropy(), valid)
         loss = policy + algo.value_coef * value + algo.entropy_coef * entropy_loss(entropy)
+        detached_ratio = ratio.detach() if valid is None else ratio.detach()[valid]
         metrics = {
             "loss": loss, "policy_loss": policy, "value_loss": value, "entropy": entropy,
-            "ratio_mean": ratio.mean(), "ratio_max": ratio.max(),
-            "clip_fraction": ((ratio - 1).abs() > algo.clip).to(ratio.dtype).mean(),
+            "ratio_mean": detached_ratio.mean(), "ratio_max": detached_ratio.max(),
+            "clip_fraction": ((detached_ratio - 1).abs() > algo.clip).to(ratio.dtype).mean(),
             # Schulman's k3 estimator of KL(behaviour || current): unbiased and never negative.
-            "approx_kl": (ratio - 1 - log_ratio).mean(),
+            "approx_kl": masked_mean(ratio - 1 - log_ratio, valid),
         }
         return loss, {name: m.detach() for name, m in metrics.items()}
 

@@ -21,144 +21,67 @@ whose row i is always env i (a row's floats depend on the batch size, not on
 the other rows), episodes are recorded at the swap in (step, env) order, and
 the learner sees whole storages. So a seed gives the same ``param_sha256`` for
 any number of actors and any timing (same ``torch_threads``).
+
+Checkpoints are written at the swap, before the next round starts: the
+learner (theta_t), the behaviour parameters, the full storage not yet learned
+from, the env history and the round count. A resumed run rebuilds every env
+(``EnvHistory``), learns that storage and goes on: it reaches the same
+``param_sha256`` as a run that never stopped. Ctrl-C lets the round in flight
+finish (up to ``STOP_GRACE_S``) so the last checkpoint is such a point too.
+
+Faults: a dead executor is restarted (``conveyor.hts.restart_dead_executors``);
+the round in flight completes with its envs re-run from step 0 on their next
+episodes, so no transition is lost inside an episode or trained on twice.
 """
 
 from __future__ import annotations
 
 import copy
-import threading
-from typing import Any, Iterable
+import time
+from typing import Any
 
-import numpy as np
 import torch
-from torch import Tensor, nn
 
-from conveyor.acting import step_targets, values_of
 from conveyor.config import RunCfg
-from conveyor.learner import Learner
+from conveyor.envs.history import EnvHistory
+from conveyor.hts import POLL_S, Actors, copy_params, delayed_update, restart_dead_executors
 from conveyor.models import make_model
 from conveyor.run import Run
 from conveyor.storage.double import DoubleStorage
 from conveyor.storage.rollout import RolloutStorage
-from conveyor.telemetry import Telemetry
 from conveyor.transport.state_buffer import StateBuffer
 
-POLL_S = 0.1
-"""Longest an actor or the main thread waits before checking for stop and dead executors."""
+STOP_GRACE_S = 10.0
+"""After a stop signal, how long the round in flight may take to finish (so the checkpoint is exact)."""
 
 
-@torch.no_grad()
-def _copy(targets: Iterable[Tensor], sources: Iterable[Tensor]) -> None:
-    for target, source in zip(targets, sources, strict=True):
-        target.copy_(source)
-
-
-def delayed_update(learner: Learner, behaviour: list[Tensor], batch: dict[str, Tensor], epochs: int = 1,
-                   minibatches: int = 1, generator: torch.Generator | None = None) -> dict[str, float]:
-    """One HTS-RL update (eq. 6): the algorithm's update computed at the behaviour parameters theta_{t-1}
-    (``behaviour``, in ``model.parameters()`` order) on the data they collected, applied to theta_t.
-
-    A2C: theta_{t+1} = theta_t + step(g(theta_{t-1})), one optimizer step with the gradient at theta_{t-1}.
-    PPO: its ``epochs x minibatches`` steps run from theta_{t-1} exactly as synchronous PPO would (the first
-    at ratio 1), and the change they make moves theta_t. Either way it is one policy version.
-    """
-    params = list(learner.model.parameters())
-    version = learner.version
-    current = [p.detach().clone() for p in params]
-    _copy(params, behaviour)
-    metrics = learner.update_epochs(batch, epochs, minibatches, generator)
-    _copy(params, [c + (p.detach() - b) for c, p, b in zip(current, params, behaviour)])
-    learner.version = version + 1
-    return metrics
-
-
-class Actors:
-    """Actor threads serving the state buffer with ``model`` (the acting parameters, stamped ``version``)."""
-
-    def __init__(self, num: int, buffer: StateBuffer, storage: DoubleStorage, model: nn.Module, gamma: float,
-                 telemetry: Telemetry):
-        self.buffer, self.storage, self.model, self.gamma, self.telemetry = buffer, storage, model, gamma, telemetry
-        self.version = 0
-        self.error: BaseException | None = None
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._loop, name=f"hts-actor-{i}", daemon=True) for i in range(num)]
-        for thread in self._threads:
-            thread.start()
-
-    def check(self) -> None:
-        if self.error is not None:
-            raise RuntimeError(f"HTS actor failed: {self.error!r}") from self.error
-
-    def close(self) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=10 * POLL_S + 5.0)
-
-    def _loop(self) -> None:
-        device = self.storage.device
-        # Row i is env i in every forward: the batch never changes shape, so neither do a row's floats.
-        inputs = torch.zeros(self.buffer.obs.shape, dtype=self.storage.filling.obs.dtype, device=device)
-        finals = torch.zeros_like(inputs)
-        try:
-            while not self._stop.is_set():
-                envs = self.buffer.take_ready(POLL_S)
-                if len(envs):
-                    with self.telemetry.timer("act"):
-                        self._serve(envs, inputs, finals)
-                    self.telemetry.count("actor_forwards")
-                    self.telemetry.count("actor_requests", len(envs))
-        except BaseException as error:  # reported by check() in the main thread
-            self.error = error
-
-    @torch.no_grad()
-    def _serve(self, envs: np.ndarray, inputs: Tensor, finals: Tensor) -> None:
-        buffer, storage, device = self.buffer, self.storage, self.storage.device
-        # Read every field of the requests first: an executor rewrites its row once answered.
-        t = buffer.request_step[envs]
-        uniform = torch.as_tensor(buffer.uniform[envs], device=device)
-        reward, terminated, truncated = buffer.reward[envs], buffer.terminated[envs], buffer.truncated[envs]
-        episode_return = buffer.episode_return[envs]
-        rows = torch.as_tensor(envs, device=device)
-        inputs[rows] = torch.as_tensor(buffer.obs[envs], device=device)
-        result, act, last = t > 0, t < storage.T, t == storage.T  # result: step t-1 ended
-        cut = result & truncated & ~terminated
-        final_values = None
-        if cut.any():
-            finals[rows[cut]] = torch.as_tensor(buffer.final_obs[envs[cut]], device=device)
-            final_values = values_of(self.model, finals)[rows]
-        out = self.model(inputs.unsqueeze(0))
-        params, value = out.params[0][rows], out.value[0][rows]
-
-        if result.any():
-            if final_values is not None:
-                final_values = final_values[result]
-            rewards, discounts = step_targets(self.model, reward[result], terminated[result], truncated[result], None,
-                                              self.gamma, device, final_values)
-            storage.write_results(t[result] - 1, envs[result], rewards, discounts, episode_return[result])
-        if act.any():
-            actions = out.policy.sample(params[act], uniform[act])
-            storage.write_actions(t[act], envs[act], inputs[rows[act]], actions,
-                                  out.policy.log_prob(params[act], actions), value[act], self.version)
-        if last.any():  # may complete the round: no env of this batch waits for an action then
-            storage.write_last(envs[last], inputs[rows[last]], value[last])
-        if act.any():
-            buffer.send_actions(envs[act], actions.cpu().numpy())
-
-
-def _wait_round(run: Run, buffer: StateBuffer, actors: Actors, storage: DoubleStorage) -> bool:
-    """Wait until the filling storage is full; False when the run was stopped (signal) first."""
+def _wait_round(run: Run, buffer: StateBuffer, actors: Actors, storage: DoubleStorage, history: EnvHistory,
+                rounds: int) -> bool:
+    """Wait until the filling storage is full, replacing dead executors; False when the run was stopped
+    (signal) and the round did not finish within ``STOP_GRACE_S``."""
+    stopped_at = None
     with run.timer("wait"):
         while not storage.wait_full(POLL_S):
             actors.check()
+            restart_dead_executors(buffer, actors, storage, history, rounds, run.telemetry,
+                                   run.cfg.env.max_restarts)
             buffer.check_executors()
             if run.stop_event.is_set():
-                return False
+                stopped_at = stopped_at or time.monotonic()
+                if time.monotonic() - stopped_at > STOP_GRACE_S:
+                    return False
     return True
 
 
 def run(cfg: RunCfg) -> dict[str, Any]:
     with Run(cfg) as run:
-        buffer = run.closing(StateBuffer(cfg.env, cfg.seed, cfg.arch.sync_interval))
+        resumed = run.resume_state.get("hts_rounds") is not None
+        rounds = int(run.resume_state["hts_rounds"]) if resumed else 0
+        history = EnvHistory.from_state(run.resume_state["env_state"]) if resumed else EnvHistory(cfg.env.num_envs)
+        buffer = run.closing(StateBuffer(cfg.env, cfg.seed, cfg.arch.sync_interval,
+                                         start=history if resumed else None, first_round=rounds))
+        if not resumed:
+            history.start_games(slice(None))
         obs_space = buffer.single_observation_space
         model = make_model(cfg.model, obs_space, buffer.single_action_space)
         learner = run.learner(model)
@@ -171,26 +94,44 @@ def run(cfg: RunCfg) -> dict[str, Any]:
         actors = run.closing(Actors(cfg.arch.num_actors, buffer, storage, acting, cfg.algo.gamma, run.telemetry))
         actors.version = learner.version
         sampler = torch.Generator().manual_seed(cfg.seed)
+        pending = None  # the full storage's batch, collected by ``behaviour``, not learned from yet
+        if resumed:
+            sampler.set_state(run.resume_state["sampler"])
+            pending = run.resume_state["pending_batch"]
+            if pending is not None:
+                pending = {key: value.to(learner.device) for key, value in pending.items()}
+                copy_params(behaviour, run.resume_state["behaviour"])
+        run.save_with_checkpoints(lambda: {
+            "hts_rounds": rounds, "env_state": history.state(), "sampler": sampler.get_state(),
+            "pending_batch": pending, "behaviour": behaviour if pending is not None else None})
         epochs, minibatches = (cfg.algo.ppo_epochs, cfg.algo.ppo_minibatches) if cfg.algo.name == "ppo" else (1, 1)
-        env_seconds, rounds = 0.0, 0
+        env_seconds = 0.0
         buffer.start_round()
-        while _wait_round(run, buffer, actors, storage):
-            full, episode_returns = storage.swap()
+        while True:
+            if pending is not None:  # learn from the last round while the actors collect this one
+                with run.timer("learn"):
+                    run.telemetry.add_lag(learner.version, pending["policy_version"].cpu())
+                    metrics = delayed_update(learner, behaviour, pending, epochs, minibatches, sampler)
+                pending = None
+                run.after_update(learner, metrics, checkpoint=False)
+            if not _wait_round(run, buffer, actors, storage, history, rounds):
+                break
+            full = storage.swap()
             rounds += 1
             # The parameters that just acted become the gradient point; the learner's latest act next.
-            _copy(behaviour, acting.parameters())
-            _copy(acting.parameters(), learner.model.parameters())
+            copy_params(behaviour, acting.parameters())
+            copy_params(acting.parameters(), learner.model.parameters())
             actors.version = learner.version
+            pending = full.storage.batch()
+            actions = full.storage.actions.cpu().numpy()
             for t in range(storage.T):  # (step, env) order, whatever order the actors served them in
-                run.record_env_step(storage.B, episode_returns[t])
+                history.record(actions[t], full.episode_ends[t], full.new_games[t])
+                run.record_env_step(storage.B, full.episode_returns[t])
             run.telemetry.add_time("env", buffer.env_seconds - env_seconds)
             env_seconds, run.telemetry.env_errors = buffer.env_seconds, buffer.env_errors
             if run.should_stop():
                 break
+            run.checkpoint_if_due(learner)  # at the swap: everything a resumed run needs is here
             buffer.start_round()
-            with run.timer("learn"):
-                run.telemetry.add_lag(learner.version, full.policy_version.cpu())
-                metrics = delayed_update(learner, behaviour, full.batch(), epochs, minibatches, sampler)
-            run.after_update(learner, metrics)
         return run.finish(learner, num_actors=cfg.arch.num_actors, num_executors=cfg.env.num_workers,
                           sync_interval=cfg.arch.sync_interval, rounds=rounds)

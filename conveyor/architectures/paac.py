@@ -5,6 +5,14 @@ n_e observations, n_w worker processes step their n_e / n_w envs in shared
 memory, and the transitions go into ``[t_max, n_e]`` storage; after t_max
 steps, one update (A2C: n-step returns; PPO: GAE, epochs x minibatches).
 The policy that acts is always the one being updated: lag 0.
+
+Faults: a dead env worker is restarted (``make_vector_env(restart_workers=True)``),
+its envs on their next episodes. The step they lost is masked out of the
+loss (``RolloutStorage.drop_step``; the steps before it bootstrap from its
+V(s_t), as at a truncation) and counted in ``dropped_steps``, never in
+``env_steps``; the rest of the rollout, theirs included, is trained on. Checkpoints hold
+the env history and the sampler's state, so a resumed run rebuilds every env
+and reaches the same parameters as an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -23,7 +31,8 @@ from conveyor.storage.rollout import RolloutStorage
 
 def run(cfg: RunCfg) -> dict[str, Any]:
     with Run(cfg) as run:
-        venv = run.closing(make_vector_env(cfg.env, cfg.seed))
+        venv = run.closing(make_vector_env(cfg.env, cfg.seed, restart_workers=True,
+                                           env_state=run.resume_state.get("env_state")))
         model = make_model(cfg.model, venv.single_observation_space, venv.single_action_space)
         learner = run.learner(model)
         device = learner.device
@@ -32,6 +41,9 @@ def run(cfg: RunCfg) -> dict[str, Any]:
                                  torch.from_numpy(obs_space.sample()).dtype, model.policy.action_shape(),
                                  torch.int64 if model.policy.discrete else torch.float32, device)
         sampler = torch.Generator().manual_seed(cfg.seed)
+        if "sampler" in run.resume_state:
+            sampler.set_state(run.resume_state["sampler"])
+        run.save_with_checkpoints(lambda: {"env_state": venv.history.state(), "sampler": sampler.get_state()})
         is_ppo = cfg.algo.name == "ppo"
         epochs, minibatches = (cfg.algo.ppo_epochs, cfg.algo.ppo_minibatches) if is_ppo else (1, 1)
         # A2C's parameters stay fixed for the whole rollout: backpropagate through the acting
@@ -40,6 +52,7 @@ def run(cfg: RunCfg) -> dict[str, Any]:
         obs = torch.as_tensor(venv.reset(), device=device)
         while not run.should_stop():
             outputs = []
+            restarts_before = venv.restarts
             for t in range(cfg.arch.unroll):
                 with run.timer("act"):
                     act = policy_step(model, obs, sampler, keep_graph=reuse_graph)
@@ -50,8 +63,10 @@ def run(cfg: RunCfg) -> dict[str, Any]:
                     rewards, discounts = step_targets(model, step.reward, step.terminated, step.truncated,
                                                       step.final_obs, cfg.algo.gamma, device)
                 storage.insert(t, obs, act.actions, act.logp, act.value, rewards, discounts, learner.version)
+                if step.restarted.any():
+                    storage.drop_step(t, torch.as_tensor(step.restarted, device=device))
                 obs = torch.as_tensor(step.obs, device=device)
-                run.record_env_step(venv.num_envs, step.episode_return)
+                run.telemetry.add_episodes(step.episode_return)
             with run.timer("learn"):
                 run.telemetry.add_lag(learner.version, storage.policy_version)
                 if reuse_graph:
@@ -62,5 +77,9 @@ def run(cfg: RunCfg) -> dict[str, Any]:
                 else:  # PPO's advantages need V(s_T) under the acting parameters
                     storage.insert_last(obs, values_of(model, obs))
                     metrics = learner.update_epochs(storage.batch(), epochs, minibatches, sampler)
+                kept = int(storage.valid.sum())
+                run.telemetry.add_steps(kept)
+                if venv.restarts > restarts_before:
+                    run.telemetry.add_restart(storage.valid.numel() - kept, venv.restarts - restarts_before)
             run.after_update(learner, metrics)
         return run.finish(learner)

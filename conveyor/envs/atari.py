@@ -28,7 +28,7 @@ import gymnasium as gym
 import numpy as np
 
 from conveyor.config import ConfigError, EnvCfg
-from conveyor.envs.make import EPISODE_KEY, gym_make
+from conveyor.envs.make import EPISODE_KEY, LIFE_CONTINUED_KEY, gym_make
 
 SCREEN_SIZE = 84
 NOOP_ACTION = 0  # index 0 of every ALE minimal action set is NOOP
@@ -116,9 +116,11 @@ class EpisodicLife(gym.Wrapper):
     """A lost life ends the episode for learning; the next reset continues the game.
 
     ``reset()`` right after a lost life takes one no-op step instead of
-    restarting the game (Mnih et al. 2015; baselines' EpisodicLifeEnv). If that
-    step ends the game, the game restarts and the step's ``info["episode"]``
-    is passed on in the reset info, so no real episode goes unreported.
+    restarting the game (Mnih et al. 2015; baselines' EpisodicLifeEnv), whatever
+    seed it is given, and says so with ``info[LIFE_CONTINUED_KEY] = True``. If that
+    step ends the game, the game restarts (with the seed) and the step's
+    ``info["episode"]`` is passed on in the reset info, so no real episode goes
+    unreported.
     """
 
     def __init__(self, env: gym.Env) -> None:
@@ -135,13 +137,15 @@ class EpisodicLife(gym.Wrapper):
         return obs, reward, terminated or self.life_lost, truncated, info
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict]:
-        if self.life_lost and seed is None:
+        if self.life_lost:  # the seed is for the next real game (conveyor seeds every episode)
             obs, _, terminated, truncated, info = self.env.step(NOOP_ACTION)
             if terminated or truncated:
-                obs, reset_info = self.env.reset(options=options)
+                obs, reset_info = self.env.reset(seed=seed, options=options)
                 if EPISODE_KEY in info:
                     reset_info[EPISODE_KEY] = info[EPISODE_KEY]
                 info = reset_info
+            else:
+                info[LIFE_CONTINUED_KEY] = True
         else:
             obs, info = self.env.reset(seed=seed, options=options)
         self.life_lost = False

@@ -117,6 +117,7 @@ class EnvpoolVectorEnv:
             final_obs=np.zeros((batch, *obs_shape), obs_dtype),
             episode_return=np.full(batch, np.nan),
             episode_length=np.zeros(batch, np.int64),
+            restarted=np.zeros(batch, bool),  # envpool's threads live in this process: nothing to restart
         )
         self._running_return = np.zeros(batch)
         self._running_length = np.zeros(batch, np.int64)

@@ -19,6 +19,9 @@ from conveyor.config import ConfigError, EnvCfg
 
 EPISODE_KEY = "episode"
 """Info key of a finished real episode's statistics (``r`` return, ``l`` length)."""
+LIFE_CONTINUED_KEY = "life_continued"
+"""Reset-info key set (True) when a reset continued the game instead of starting one (Atari episodic life):
+the game's state then depends on the actions before the reset too."""
 
 _ID_HINT = "use a gymnasium id such as CartPole-v1, ALE/Pong-v5 or HalfCheetah-v5"
 

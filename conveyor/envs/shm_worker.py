@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from conveyor.envs.make import LIFE_CONTINUED_KEY, episode_seed
 from conveyor.transport.shm import ArraySpec, SharedArrays, receive_child_spec
 
 # Commands, master -> worker.
@@ -50,6 +51,7 @@ def env_worker_layout(num_envs: int, num_workers: int, obs_space: Any, act_space
         ArraySpec("truncated", (num_envs,), "bool"),
         ArraySpec("episode_return", (num_envs,), "float64"),
         ArraySpec("episode_length", (num_envs,), "int64"),
+        ArraySpec("new_game", (num_envs,), "bool"),
         ArraySpec("env_errors", (num_workers,), "int64"),
         ArraySpec("message", (num_workers, MESSAGE_BYTES), "uint8"),
     ]
@@ -60,10 +62,15 @@ class WorkerSpec(NamedTuple):
     env_cfg: Any
     """The ``EnvCfg`` of the vector env."""
     seed: int
-    """Seed of the vector env; global env i gets ``seed + i``."""
+    """Seed of the vector env; global env i is made with ``seed + i`` and its episode k starts with
+    ``reset(seed=episode_seed(seed, i, k))``."""
     first_env: int
     """Global index of this worker's first env."""
     num_envs: int
+    episodes: tuple
+    """Per env, the index of the episode its first ``reset`` starts."""
+    replay: tuple
+    """Per env, ``history.Replay`` fields to rebuild it at its first ``reset`` (a resumed run), or empty."""
     array_specs: tuple
     """``ArraySpec``s of the shared block (its layout)."""
     shm_fd: int
@@ -90,6 +97,8 @@ class EnvWorker:
 
         self.spec = spec
         self.episode_key = EPISODE_KEY
+        self.next_episode = list(spec.episodes)
+        self.pending_replay: list = list(spec.replay) or [None] * spec.num_envs
         rows = slice(spec.first_env, spec.first_env + spec.num_envs)
         self.obs = shared["obs"][rows]
         self.final_obs = shared["final_obs"][rows]
@@ -99,6 +108,7 @@ class EnvWorker:
         self.truncated = shared["truncated"][rows]
         self.episode_return = shared["episode_return"][rows]
         self.episode_length = shared["episode_length"][rows]
+        self.new_game = shared["new_game"][rows]
         self.env_errors = shared["env_errors"][spec.index:spec.index + 1]
         self.message = shared["message"][spec.index]
         self.obs_shape = self.obs.shape[1:]
@@ -114,10 +124,36 @@ class EnvWorker:
             )
         rows[i] = obs
 
+    def start_episode(self, i: int) -> tuple[Any, dict]:
+        """Reset env i with its next episode's seed (an Atari lost life continues the game instead)."""
+        seed = episode_seed(self.spec.seed, self.spec.first_env + i, self.next_episode[i])
+        self.next_episode[i] += 1
+        return self.envs[i].reset(seed=seed)
+
+    def rebuild(self, i: int, game_episode: int, actions: list, boundaries: list) -> Any:
+        """Bring env i to the state a run recorded (``history.Replay``); returns its observation."""
+        target, self.next_episode[i] = self.next_episode[i], game_episode
+        obs, _ = self.start_episode(i)
+        for step, (action, boundary) in enumerate(zip(actions, boundaries)):
+            obs, _, terminated, truncated, _ = self.envs[i].step(
+                action if self.int_actions else np.asarray(action, self.actions.dtype))
+            if bool(terminated or truncated) != boundary:
+                raise RuntimeError(f"replaying env {self.spec.first_env + i} ({self.spec.env_cfg.id}): its episode "
+                                   f"{'ended' if boundary else 'went on'} at step {step} of the recorded run but not "
+                                   "now; the env is not deterministic given its seed, so it cannot be resumed exactly")
+            if boundary:
+                obs, _ = self.start_episode(i)
+        if self.next_episode[i] != target:
+            raise RuntimeError(f"replaying env {self.spec.first_env + i}: reached episode {self.next_episode[i]}, "
+                               f"expected {target}: the checkpoint's env history is inconsistent")
+        return obs
+
     def reset(self) -> bytes:
-        for i, env in enumerate(self.envs):
-            obs, _ = env.reset()
+        for i, replay in enumerate(self.pending_replay):
+            obs = self.rebuild(i, *replay) if replay else self.start_episode(i)[0]
             self.put(self.obs, i, obs)
+        self.pending_replay = [None] * len(self.envs)
+        self.new_game[:] = True
         self.reward[:] = 0.0
         self.terminated[:] = False
         self.truncated[:] = False
@@ -131,12 +167,13 @@ class EnvWorker:
         # Locals: this loop is the worker's hot path.
         key, put, obs_rows, final_rows = self.episode_key, self.put, self.obs, self.final_obs
         rewards, terminals, truncations = self.reward, self.terminated, self.truncated
-        returns, lengths = self.episode_return, self.episode_length
+        returns, lengths, new_games = self.episode_return, self.episode_length, self.new_game
+        new_games[:] = False
         for i, env in enumerate(self.envs):
             try:
                 obs, reward, terminated, truncated, info = env.step(actions[i])
             except Exception as exc:  # an env bug must not stop the run: reset it and let the master count it
-                self.replace_after_error(i, env, exc)
+                self.replace_after_error(i, exc)
                 status = REPLY_ENV_ERROR
                 continue
             rewards[i] = reward
@@ -145,7 +182,8 @@ class EnvWorker:
             episode = info.get(key)
             if terminated or truncated:
                 put(final_rows, i, obs)
-                obs, reset_info = env.reset()
+                obs, reset_info = self.start_episode(i)
+                new_games[i] = not reset_info.get(LIFE_CONTINUED_KEY, False)
                 if episode is None:
                     episode = reset_info.get(key)
             put(obs_rows, i, obs)
@@ -157,7 +195,7 @@ class EnvWorker:
                 lengths[i] = episode["l"]
         return status
 
-    def replace_after_error(self, i: int, env: Any, error: Exception) -> None:
+    def replace_after_error(self, i: int, error: Exception) -> None:
         """Count the error, then cut the episode as truncated at its last good observation and reset."""
         where = f"env {self.spec.first_env + i} ({self.spec.env_cfg.id}) raised on step"
         print(f"conveyor env worker {self.spec.index}: {where}:\n{traceback.format_exc()}", file=sys.stderr,
@@ -165,7 +203,11 @@ class EnvWorker:
         write_message(self.message, f"{where}: {traceback.format_exception_only(error)[-1].strip()}")
         self.env_errors[0] += 1
         self.final_obs[i] = self.obs[i]
-        obs, _ = env.reset()
+        obs, info = self.start_episode(i)
+        if info.get(LIFE_CONTINUED_KEY, False):  # the failed step left the game in an unknown state: a new one
+            self.next_episode[i] -= 1
+            obs, _ = self.start_episode(i)
+        self.new_game[i] = True
         self.put(self.obs, i, obs)
         self.reward[i] = 0.0
         self.terminated[i] = False

@@ -2,9 +2,10 @@
 
 ``ShmVectorEnv`` (backend ``shm``) runs ``cfg.num_workers`` worker processes
 (``conveyor.envs.shm_worker``); worker w owns envs
-``[w * k, (w + 1) * k)``, ``k = cfg.envs_per_worker``, and global env i is
-made with ``make_env(cfg, seed + i)``, so a run is reproducible from
-``seed``. Observations, actions, rewards, flags and episode statistics live
+``[w * k, (w + 1) * k)``, ``k = cfg.envs_per_worker``; global env i is
+made with ``make_env(cfg, seed + i)`` and its episode k starts with
+``reset(seed=episode_seed(seed, i, k))``, so a run is reproducible from
+``seed``, and ``history`` (``EnvHistory``) says how to rebuild every env. Observations, actions, rewards, flags and episode statistics live
 in one shared memory block (``conveyor.transport.shm.SharedArrays``); each
 step the master writes the actions, sends each worker one command byte down
 a pipe, and waits for one status byte back. Nothing is pickled per step.
@@ -15,8 +16,12 @@ the master but the memory block and two pipes, but they never re-import the
 master's ``__main__`` (which may import torch), so they start in the time
 numpy and gymnasium take to import. A worker whose pipe closes has died; the
 master notices at once (end of file on the reply pipe), or within
-``poll_interval_s`` by polling the process, and raises ``RuntimeError``
-naming it. Starting a replacement would reuse ``_start_worker``.
+``poll_interval_s`` by polling the process. With ``restart_workers`` it
+starts a replacement (up to ``cfg.max_restarts`` per vector env) whose envs
+begin their next episodes, and flags them in ``StepResult.restarted``: their
+step was lost. Otherwise, and past the limit, it raises ``WorkerFailure``
+naming the worker. With ``env_state`` (``EnvHistory.state()`` of an earlier
+run), the first ``reset`` replays every env to where that run stopped.
 
 Step semantics (both backends): see ``StepResult``.
 """
@@ -27,6 +32,7 @@ import os
 import select
 import signal
 import subprocess
+import sys
 import weakref
 from typing import Any, NamedTuple, Protocol
 
@@ -35,6 +41,7 @@ import numpy as np
 
 from conveyor.config import ConfigError, EnvCfg
 from conveyor.errors import WorkerFailure
+from conveyor.envs.history import EnvHistory
 from conveyor.envs.make import env_spaces
 from conveyor.envs.shm_worker import (
     CMD_CLOSE,
@@ -78,6 +85,9 @@ class StepResult(NamedTuple):
     """[B] float64 unclipped return of a real episode that ended at this step, NaN elsewhere."""
     episode_length: np.ndarray
     """[B] int64 length in agent steps of that episode, 0 elsewhere."""
+    restarted: np.ndarray
+    """[B] bool: env i's worker died during this step and was restarted: the transition is lost, ``obs[i]``
+    starts a new episode and no other field of row i is meaningful."""
 
 
 class ObsShapeError(WorkerFailure):
@@ -102,20 +112,25 @@ class VectorEnv(Protocol):
     def close(self) -> None: ...
 
 
-def make_vector_env(cfg: EnvCfg, seed: int, *, copy: bool = True) -> VectorEnv:
+def make_vector_env(cfg: EnvCfg, seed: int, *, copy: bool = True, restart_workers: bool = False,
+                    env_state: dict[str, Any] | None = None) -> VectorEnv:
     """``cfg.num_envs`` envs stepped together by ``cfg.backend`` (``shm`` or ``envpool``).
 
     Env i is seeded with ``seed + i``. ``step`` returns a ``StepResult``. With
     ``copy=False`` its arrays (and ``reset``'s) are views into buffers that
     the next ``reset``/``step`` overwrites: use it when the caller copies
-    the data out at once, to avoid allocating every step. Call ``close()``
-    (or use ``with``) when done; it also runs at interpreter exit.
+    the data out at once, to avoid allocating every step. ``restart_workers``
+    and ``env_state``: see ``ShmVectorEnv`` (the ``shm`` backend only). Call
+    ``close()`` (or use ``with``) when done; it also runs at interpreter exit.
     """
     if cfg.backend == "envpool":
+        if env_state is not None:
+            raise ConfigError("the envpool backend cannot rebuild its envs from a checkpoint: resume with "
+                              "--backend shm")
         from conveyor.envs.envpool_backend import EnvpoolVectorEnv
 
         return EnvpoolVectorEnv(cfg, seed, copy=copy)
-    return ShmVectorEnv(cfg, seed, copy=copy)
+    return ShmVectorEnv(cfg, seed, copy=copy, restart_workers=restart_workers, env_state=env_state)
 
 
 class _Worker(NamedTuple):
@@ -156,7 +171,8 @@ def _shutdown(workers: list[_Worker], shared: SharedArrays) -> None:
 class ShmVectorEnv:
     """B envs stepped in lockstep by worker processes over shared memory (see the module docstring)."""
 
-    def __init__(self, cfg: EnvCfg, seed: int, *, copy: bool = True, poll_interval_s: float = 1.0) -> None:
+    def __init__(self, cfg: EnvCfg, seed: int, *, copy: bool = True, poll_interval_s: float = 1.0,
+                 restart_workers: bool = False, env_state: dict[str, Any] | None = None) -> None:
         self.cfg = cfg
         self.seed = seed
         self.num_envs = cfg.num_envs
@@ -173,8 +189,16 @@ class ShmVectorEnv:
         shared = self._shared
         self._actions = shared["actions"]
         self._env_errors = shared["env_errors"]
+        self._new_game = shared["new_game"]
+        self._restarted = np.zeros(cfg.num_envs, bool)
         self._views = StepResult(shared["obs"], shared["reward"], shared["terminated"], shared["truncated"],
-                                 shared["final_obs"], shared["episode_return"], shared["episode_length"])
+                                 shared["final_obs"], shared["episode_return"], shared["episode_length"],
+                                 self._restarted)
+        self.restart_workers = restart_workers
+        self.restarts = 0
+        """Workers restarted so far."""
+        self.history = EnvHistory.from_state(env_state) if env_state else EnvHistory(cfg.num_envs)
+        self._replaying = env_state is not None
         self._workers: list[_Worker] = []
         self._finalizer = weakref.finalize(self, _shutdown, self._workers, shared)
         self._poller = select.poll()
@@ -206,8 +230,13 @@ class ShmVectorEnv:
         self._check_usable()
         if self._stepping:
             raise RuntimeError("reset() called between step_async() and step_wait(): call step_wait() first")
+        self._restarted[:] = False
         self._send(CMD_RESET, "resetting")
         self._collect("resetting")
+        if self._replaying:  # the workers rebuilt the recorded games: the history already holds them
+            self._replaying = False
+        else:
+            self.history.start_games(slice(None))
         return self._views.obs.copy() if self.copy else self._views.obs
 
     def step_async(self, actions: Any) -> None:
@@ -226,7 +255,10 @@ class ShmVectorEnv:
         if not self._stepping:
             raise RuntimeError("step_wait() called without step_async()")
         self._stepping = False
+        self._restarted[:] = False
         self._collect("stepping")
+        self.history.record(self._actions, self._views.terminated | self._views.truncated, self._new_game)
+        self.history.start_games(self._restarted)
         if self.copy:
             return StepResult(*(array.copy() for array in self._views))
         return self._views
@@ -248,23 +280,64 @@ class ShmVectorEnv:
 
     # -- workers -----------------------------------------------------------
 
-    def _start_worker(self, index: int) -> None:
+    def _start_worker(self, index: int) -> _Worker:
         per_worker = self.cfg.envs_per_worker
+        rows = slice(index * per_worker, (index + 1) * per_worker)
         command_read, command_write = os.pipe()
         reply_read, reply_write = os.pipe()
         process = start_child(_WORKER_ENTRY, (self._shared.fd, command_read, reply_write))
         os.close(command_read)
         os.close(reply_write)
         worker = _Worker(index, process, command_write, reply_read, index * per_worker, per_worker)
-        self._workers.append(worker)
+        if index < len(self._workers):
+            self._workers[index] = worker
+        else:
+            self._workers.append(worker)
         self._worker_by_fd[reply_read] = worker
         self._poller.register(reply_read, select.POLLIN)
-        spec = WorkerSpec(index, self.cfg, self.seed, worker.first_env, per_worker, self._shared.specs,
+        replay = tuple(tuple(plan) for plan in self.history.replay_plan()[rows]) if self._replaying else ()
+        spec = WorkerSpec(index, self.cfg, self.seed, worker.first_env, per_worker,
+                          tuple(self.history.next_episode[rows].tolist()), replay, self._shared.specs,
                           self._shared.fd, command_read, reply_write)
         try:
             send_child_spec(process.stdin, spec)
         except BrokenPipeError:
             pass  # it died at start; _collect reports it
+        return worker
+
+    def _restart(self, worker: _Worker, action: str) -> None:
+        """Replace a dead worker; its envs start their next episodes (seeded) and are flagged ``restarted``."""
+        failure = self._died(worker, action)
+        if not self.restart_workers:
+            raise failure
+        if self.restarts >= self.cfg.max_restarts:
+            raise self._fail(WorkerFailure(f"{failure} after {self.restarts} restarts: raise --max-restarts "
+                                           f"(now {self.cfg.max_restarts}) or fix what kills it"))
+        self._broken = ""
+        self.restarts += 1
+        print(f"conveyor: {failure}; restarting it ({self.restarts} of at most {self.cfg.max_restarts} restarts)",
+              file=sys.stderr, flush=True)
+        self._poller.unregister(worker.reply_fd)
+        del self._worker_by_fd[worker.reply_fd]
+        for fd in (worker.command_fd, worker.reply_fd):
+            os.close(fd)
+        replacement = self._start_worker(worker.index)
+        self._await_reply(replacement, "restarting")
+        if action != "starting":  # it must answer the command the others are answering: reset its envs
+            os.write(replacement.command_fd, CMD_RESET)
+            self._await_reply(replacement, "restarting")
+            self._restarted[replacement.first_env:replacement.first_env + replacement.num_envs] = True
+
+    def _await_reply(self, worker: _Worker, action: str) -> None:
+        """One reply from ``worker`` alone (the others' replies stay queued in their pipes)."""
+        while not select.select([worker.reply_fd], [], [], self._poll_ms / 1000)[0]:
+            if worker.process.poll() is not None:
+                break
+        reply = os.read(worker.reply_fd, 1)
+        if not reply:
+            raise self._died(worker, action)
+        if reply != REPLY_OK:
+            self._raise_for(worker, reply, action)
 
     def _check_usable(self) -> None:
         if self._broken:
@@ -291,7 +364,9 @@ class ShmVectorEnv:
             try:
                 os.write(worker.command_fd, command)
             except BrokenPipeError:
-                raise self._died(worker, action) from None
+                if not self.restart_workers:
+                    raise self._died(worker, action) from None
+                # Restarted by _wait, which finds its reply pipe at end of file.
 
     def _collect(self, action: str) -> None:
         try:
@@ -302,22 +377,27 @@ class ShmVectorEnv:
             raise
 
     def _wait(self, action: str) -> None:
-        """Collect one reply from every worker; raise on deaths and errors."""
-        pending = len(self._workers)
+        """Collect one reply from every worker; restart dead ones (or raise); raise on errors."""
+        waiting = {worker.index for worker in self._workers}
         problems: list[tuple[_Worker, bytes]] = []
-        while pending:
+        while waiting:
             events = self._poller.poll(self._poll_ms)
             if not events:
-                for worker in self._workers:
+                for worker in list(self._workers):
                     if worker.process.poll() is not None:
-                        raise self._died(worker, action)
+                        self._restart(worker, action)
+                        waiting.discard(worker.index)
                 continue
             for fd, _ in events:
-                worker = self._worker_by_fd[fd]
+                worker = self._worker_by_fd.get(fd)
+                if worker is None:
+                    continue  # a worker replaced earlier in this loop
                 reply = os.read(fd, 1)
                 if not reply:
-                    raise self._died(worker, action)
-                pending -= 1
+                    self._restart(worker, action)  # its rows may be half-written, even if it had replied
+                    waiting.discard(worker.index)
+                    continue
+                waiting.discard(worker.index)
                 if reply != REPLY_OK:
                     problems.append((worker, reply))
         for worker, reply in problems:

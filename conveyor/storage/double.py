@@ -10,18 +10,32 @@ then checks that every transition was written exactly once, hands the
 full storage out for learning and makes a fresh, marker-filled one the
 filling storage (the one the learner finished with is dropped). Writers
 touch disjoint ``(t, env)`` cells, so only the write counts take a lock.
+``forget`` voids some envs' cells of the filling storage (their executor
+died mid-round and its successor writes them again).
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from conveyor.storage.rollout import RolloutStorage
+
+
+class Round(NamedTuple):
+    """A full storage and what the learner's bookkeeping needs of its steps, ``[T, B]`` numpy each."""
+
+    storage: RolloutStorage
+    episode_returns: np.ndarray
+    """Unclipped return of the episode that ended at step t of env b, NaN elsewhere."""
+    episode_ends: np.ndarray
+    """Whether env b's episode ended at step t (and the env was reset)."""
+    new_games: np.ndarray
+    """Whether that reset started a new game with a seed (``EnvHistory.record``)."""
 
 
 class DoubleStorage:
@@ -38,7 +52,8 @@ class DoubleStorage:
         self._result_writes = np.zeros((self.T, self.B), np.int64)
         self._last_writes = np.zeros(self.B, np.int64)
         self.episode_returns = np.full((self.T, self.B), np.nan)
-        """[T, B] unclipped return of the episode that ended at step t of env b, NaN elsewhere."""
+        self.episode_ends = np.zeros((self.T, self.B), bool)
+        self.new_games = np.zeros((self.T, self.B), bool)
 
     def _index(self, index: np.ndarray) -> Tensor:
         return torch.as_tensor(index, dtype=torch.int64, device=self.device)
@@ -56,13 +71,16 @@ class DoubleStorage:
             np.add.at(self._action_writes, (t, env), 1)
 
     def write_results(self, t: np.ndarray, env: np.ndarray, rewards: Tensor, discounts: Tensor,
-                      episode_returns: np.ndarray) -> None:
-        """The training reward and discount of step ``t[i]`` of env ``env[i]`` (truncation folded in)."""
+                      episode_returns: np.ndarray, episode_ends: np.ndarray, new_games: np.ndarray) -> None:
+        """The training reward and discount of step ``t[i]`` of env ``env[i]`` (truncation folded in), and
+        the ``Round`` fields of that step."""
         s, ti, ei = self.filling, self._index(t), self._index(env)
         s.rewards[ti, ei] = rewards.float()
         s.discounts[ti, ei] = discounts.float()
         with self._lock:
             self.episode_returns[t, env] = episode_returns
+            self.episode_ends[t, env] = episode_ends
+            self.new_games[t, env] = new_games
             np.add.at(self._result_writes, (t, env), 1)
 
     def write_last(self, env: np.ndarray, obs: Tensor, value: Tensor) -> None:
@@ -80,8 +98,21 @@ class DoubleStorage:
         with self._lock:
             return self._lock.wait_for(lambda: self._last_writes.sum() >= self.B, timeout_s)
 
-    def swap(self) -> tuple[RolloutStorage, np.ndarray]:
-        """The full storage and its ``episode_returns``; a fresh storage starts filling.
+    def forget(self, envs: np.ndarray) -> int:
+        """Void every cell of ``envs`` in the filling storage, to be written again; returns how many
+        transitions (steps with their result) were dropped. Call while no writer runs."""
+        with self._lock:
+            dropped = int(self._result_writes[:, envs].sum())
+            self.filling.unwrite(self._index(envs))
+            for counts in (self._action_writes, self._result_writes):
+                counts[:, envs] = 0
+            self._last_writes[envs] = 0
+            self.episode_returns[:, envs] = np.nan
+            self.episode_ends[:, envs] = self.new_games[:, envs] = False
+        return dropped
+
+    def swap(self) -> Round:
+        """The full ``Round``; a fresh storage starts filling.
 
         Raises ``RuntimeError`` when a transition is missing or was written twice.
         """
@@ -92,7 +123,7 @@ class DoubleStorage:
                     bad = np.argwhere(counts != 1)[0].tolist()
                     raise RuntimeError(f"HTS storage swap: {name} at (step, env) {bad} written "
                                        f"{counts[tuple(bad)]} times instead of once")
-            full, returns = self.filling, self.episode_returns
+            full = Round(self.filling, self.episode_returns, self.episode_ends, self.new_games)
             self.filling = self._new_storage()
             self._reset_counts()
-        return full, returns
+        return full

@@ -30,7 +30,9 @@ def marker_tensor(shape: tuple[int, ...], dtype: torch.dtype, device: torch.devi
 
 class RolloutStorage:
     """``obs [T+1, B, ...]``, ``actions``, ``rewards``, ``discounts``, ``behaviour_logp``,
-    ``behaviour_value [T+1, B]``, ``policy_version`` for T steps of B envs.
+    ``behaviour_value [T+1, B]``, ``policy_version`` and ``valid`` for T steps of B envs.
+
+    ``valid [T, B]`` (bool, true unless ``drop_step`` cleared it) is a mask, not data: it starts true.
 
     ``uniforms [T, B, ...]`` holds the per-step uniform numbers that picked the
     actions when the architecture samples by inverse CDF (HTS).
@@ -46,6 +48,7 @@ class RolloutStorage:
         self.behaviour_logp = marker_tensor((T, B), torch.float32, device)
         self.behaviour_value = marker_tensor((T + 1, B), torch.float32, device)
         self.policy_version = marker_tensor((T, B), torch.int64, device)
+        self.valid = torch.ones((T, B), dtype=torch.bool, device=device)
 
     def insert(self, t: int, obs: Tensor, actions: Tensor, logp: Tensor, value: Tensor, rewards: Tensor,
                discounts: Tensor, version: int | Tensor) -> None:
@@ -55,10 +58,26 @@ class RolloutStorage:
         self.behaviour_value[t].copy_(value)
         self.rewards[t].copy_(rewards)
         self.discounts[t].copy_(discounts)
+        self.valid[t] = True
         if isinstance(version, Tensor):
             self.policy_version[t].copy_(version)
         else:
             self.policy_version[t].fill_(version)
+
+    def unwrite(self, envs: Tensor) -> None:
+        """Put the marker values back into every step of env columns ``envs`` (their data is void)."""
+        for tensor in (self.obs, self.actions, self.rewards, self.discounts, self.behaviour_logp,
+                       self.behaviour_value, self.policy_version):
+            tensor[:, envs] = marker_tensor((), tensor.dtype, tensor.device)
+        self.valid[:, envs] = True
+
+    def drop_step(self, t: int, envs: Tensor) -> None:
+        """Step ``t`` of the envs ``envs`` ([B] bool) was lost (their worker died mid-step): mask it out of every
+        loss, and make it return V(s_t) (reward V(s_t), discount 0) so the steps before it bootstrap from there,
+        as at a truncation. Call after ``insert(t, ...)``."""
+        self.valid[t, envs] = False
+        self.rewards[t, envs] = self.behaviour_value[t, envs]
+        self.discounts[t, envs] = 0.0
 
     def insert_last(self, obs: Tensor, value: Tensor | None = None) -> None:
         """The bootstrap observation ``obs[T]`` (and its behaviour value, when the algorithm uses it)."""
@@ -75,6 +94,7 @@ class RolloutStorage:
             "behaviour_logp": self.behaviour_logp,
             "behaviour_value": self.behaviour_value,
             "policy_version": self.policy_version,
+            "valid": self.valid,
         }
 
     def unwritten_steps(self) -> int:

@@ -6,9 +6,10 @@ pick the action, the step index ``t`` within the round, and the previous
 step's reward, flags, final observation and episode return) and the action
 buffer. No data travels through pipes, only env indices (int32 records,
 written atomically): executors put the index of a waiting env on the
-shared *ready* pipe; an actor takes every index waiting there at once and
-answers on each owning executor's *action* pipe. The main thread starts
-each round with ``GO`` on every action pipe.
+shared *ready* pipe, tagged with the executor's incarnation
+(``env + B * incarnation``); an actor takes every index waiting there at
+once and answers on each owning executor's *action* pipe. The main thread
+starts each round with ``GO`` on every action pipe.
 
 An executor (``cfg.num_workers`` processes, each owning
 ``cfg.envs_per_worker`` consecutive envs) steps each env as soon as its
@@ -20,21 +21,30 @@ env, ``sync_interval`` (alpha) act requests (``t = 0 .. alpha - 1``) and
 one final request (``t = alpha``: the bootstrap observation and the last
 step's result), then waits for ``GO``.
 
-All randomness that picks actions comes from the executors: env i draws
-one uniform number (``float32``, shape of one action's noise) per act
-request from its own generator, seeded from ``(seed, i)``, and posts it
-with the observation; actors sample by inverse CDF. So the actions do not
-depend on which actor serves which env, and the generator's position is a
-function of the round count (alpha draws per env per round).
+All randomness that picks actions comes from the executors: in round r env
+i draws one uniform number (``float32``, shape of one action's noise) per
+act request from its own generator, seeded from ``(seed, i, r)``, and posts
+it with the observation; actors sample by inverse CDF. So the actions do not
+depend on which actor serves which env, and a restarted or resumed executor
+draws exactly what the lost one would have.
+
+A dead executor is restarted by the main thread (``dead_executors``,
+``restart``), with the actors paused: it gets a new incarnation, so records
+its predecessor left in the ready pipe are dropped by ``take_ready``, and it
+joins the round in flight at once, re-running its envs' steps of the round
+from ``t = 0`` on their next episodes (the caller forgets what the dead one
+wrote). A resumed run starts executors that rebuild their envs from an
+``EnvHistory`` (``start``).
 
 Executors run ``python -c "from conveyor.transport.state_buffer import main; main()"``
 (like the vector env's workers: spec as JSON on stdin, no torch import, no
 re-import of the parent's ``__main__``), ignore SIGINT, and exit when the parent's end of
-their action pipe closes. A dead executor is reported by ``check_executors``.
+their action pipe closes.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import select
 import signal
@@ -42,7 +52,7 @@ import subprocess
 import time
 import traceback
 import weakref
-from typing import Any, Iterator, NamedTuple
+from typing import TYPE_CHECKING, Any, Iterator, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -62,22 +72,35 @@ UNIFORM_STREAM = 0x48545352
 """Third word of an env's uniform-generator seed ``(seed, env, UNIFORM_STREAM)``: keeps the stream apart
 from every other generator seeded from small integers."""
 
+if TYPE_CHECKING:
+    from conveyor.envs.history import EnvHistory
+
 _RECORD = np.dtype("<i4")
 _ENTRY = "from conveyor.transport.state_buffer import main; main()"
 _CLOSE_GRACE_S = 5.0
 
 
-def uniform_generator(seed: int, env: int) -> np.random.Generator:
-    """The generator whose draws pick env ``env``'s actions (one per act request)."""
-    return np.random.default_rng([seed, env, UNIFORM_STREAM])
+def uniform_generator(seed: int, env: int, round_index: int) -> np.random.Generator:
+    """The generator whose draws pick env ``env``'s actions in round ``round_index`` (one per act request)."""
+    return np.random.default_rng([seed, env, UNIFORM_STREAM, round_index])
 
 
 class ExecutorSpec(NamedTuple):
     index: int
+    incarnation: int
+    """How many executors held this index before (its ready records carry it)."""
     env_cfg: EnvCfg
     seed: int
     first_env: int
     num_envs: int
+    episodes: tuple
+    """Per env, the index of the episode its first reset starts."""
+    replay: tuple
+    """Per env, ``history.Replay`` fields that rebuild it (a resumed run), or empty."""
+    first_round: int
+    """Index of the first round this executor plays (seeds its uniform generators)."""
+    join_round: bool
+    """Play round ``first_round`` at once (a restart joins the round in flight) instead of waiting for GO."""
     sync_interval: int
     uniform_shape: tuple[int, ...]
     array_specs: tuple
@@ -104,7 +127,7 @@ def _records(values: Any) -> bytes:
     return np.asarray(values, dtype=_RECORD).tobytes()
 
 
-def _shutdown(executors: list[_Executor], ready_fd: int, shared: SharedArrays) -> None:
+def _shutdown(executors: list[_Executor], ready_fds: tuple[int, int], shared: SharedArrays) -> None:
     """Stop the executors (STOP, then by force), close the pipes, release the memory block."""
     for executor in executors:
         try:
@@ -114,15 +137,19 @@ def _shutdown(executors: list[_Executor], ready_fd: int, shared: SharedArrays) -
         os.close(executor.action_fd)
     reap([executor.process for executor in executors], _CLOSE_GRACE_S)
     executors.clear()
-    os.close(ready_fd)
+    for fd in ready_fds:
+        os.close(fd)
     shared.close()
 
 
 class StateBuffer:
     """Parent side: starts the executors; actors take requests and answer them; the main thread starts rounds."""
 
-    def __init__(self, cfg: EnvCfg, seed: int, sync_interval: int) -> None:
-        self.cfg, self.num_envs, self.sync_interval = cfg, cfg.num_envs, sync_interval
+    def __init__(self, cfg: EnvCfg, seed: int, sync_interval: int, *, start: EnvHistory | None = None,
+                 first_round: int = 0) -> None:
+        """``start``: rebuild every env to the state this history recorded (a resumed run), and play rounds
+        from ``first_round`` on; otherwise every env starts episode 0."""
+        self.cfg, self.num_envs, self.sync_interval, self.seed = cfg, cfg.num_envs, sync_interval, seed
         self.single_observation_space, self.single_action_space = env_spaces(cfg, seed)
         obs_space, act_space = self.single_observation_space, self.single_action_space
         if not isinstance(obs_space, gym.spaces.Box):
@@ -140,43 +167,57 @@ class StateBuffer:
             ArraySpec("request_step", (B,), "int64"),
             ArraySpec("env_seconds", (workers,), "float64"),
         ])
+        self._uniform_shape = uniform_shape
         shared = self.shared
         self.obs, self.final_obs, self.actions = shared["obs"], shared["final_obs"], shared["actions"]
         self.reward, self.terminated, self.truncated = shared["reward"], shared["terminated"], shared["truncated"]
-        self.episode_return, self.uniform = shared["episode_return"], shared["uniform"]
+        self.episode_return, self.new_game = shared["episode_return"], shared["new_game"]
+        self.uniform = shared["uniform"]
         self.request_step = shared["request_step"]
         """[B] step ``t`` of env b's waiting request: ``t < alpha`` acts; ``t > 0`` carries step t-1's result."""
-        self._ready_fd, ready_write = os.pipe()
+        # The parent keeps the write end too: a restarted executor needs it.
+        self._ready_fd, self._ready_write = os.pipe()
         os.set_blocking(self._ready_fd, False)  # several actors select() on it; the losers must not block
         self._executors: list[_Executor] = []
         self._owner = np.repeat(np.arange(workers), cfg.envs_per_worker)
-        self._finalizer = weakref.finalize(self, _shutdown, self._executors, self._ready_fd, self.shared)
+        self._incarnation = np.zeros(workers, np.int64)
+        self._finalizer = weakref.finalize(self, _shutdown, self._executors, (self._ready_fd, self._ready_write),
+                                           self.shared)
+        episodes = start.next_episode if start is not None else np.zeros(B, np.int64)
+        plans = start.replay_plan() if start is not None else None
         try:
             for index in range(workers):
-                self._start_executor(index, seed, uniform_shape, ready_write)
+                envs = self.envs_of(index)
+                replay = tuple(tuple(plans[e]) for e in envs) if plans is not None else ()
+                self._executors.append(self._start_executor(index, episodes[envs], replay, first_round, False))
         except BaseException:
             self.close()
             raise
-        finally:
-            os.close(ready_write)  # executors hold it now: end of file means all of them are gone
 
-    def _start_executor(self, index: int, seed: int, uniform_shape: tuple[int, ...], ready_write: int) -> None:
+    def envs_of(self, index: int) -> np.ndarray:
+        """The envs executor ``index`` steps."""
+        per = self.cfg.envs_per_worker
+        return np.arange(index * per, (index + 1) * per)
+
+    def _start_executor(self, index: int, episodes: np.ndarray, replay: tuple, first_round: int,
+                        join_round: bool) -> _Executor:
         action_read, action_write = os.pipe()
         try:
-            process = start_child(_ENTRY, (self.shared.fd, ready_write, action_read))
+            process = start_child(_ENTRY, (self.shared.fd, self._ready_write, action_read))
         except BaseException:
             os.close(action_write)
             raise
         finally:
             os.close(action_read)
         per = self.cfg.envs_per_worker
-        self._executors.append(_Executor(index, process, action_write, index * per, per))
-        spec = ExecutorSpec(index, self.cfg, seed, index * per, per, self.sync_interval, uniform_shape,
-                            self.shared.specs, self.shared.fd, ready_write, action_read)
+        spec = ExecutorSpec(index, int(self._incarnation[index]), self.cfg, self.seed, index * per, per,
+                            tuple(episodes.tolist()), replay, first_round, join_round, self.sync_interval,
+                            self._uniform_shape, self.shared.specs, self.shared.fd, self._ready_write, action_read)
         try:
             send_child_spec(process.stdin, spec)
         except BrokenPipeError:
-            pass  # it died at start; check_executors reports it
+            pass  # it died at start; dead_executors reports it
+        return _Executor(index, process, action_write, index * per, per)
 
     # ---- actor side ------------------------------------------------------------------------
     def take_ready(self, timeout_s: float) -> np.ndarray:
@@ -187,29 +228,46 @@ class StateBuffer:
             data = os.read(self._ready_fd, _RECORD.itemsize * self.num_envs)
         except BlockingIOError:
             return np.empty(0, np.int64)  # another actor took them first
-        if not data:
-            raise WorkerFailure("every HTS executor has exited")
-        return np.frombuffer(data, _RECORD).astype(np.int64)
+        records = np.frombuffer(data, _RECORD).astype(np.int64)
+        envs, incarnations = records % self.num_envs, records // self.num_envs
+        # A dead executor's requests may still wait in the pipe: its successor re-posts them.
+        return envs[incarnations == self._incarnation[self._owner[envs]]]
 
     def send_actions(self, envs: np.ndarray, actions: np.ndarray) -> None:
         """Write ``actions`` for ``envs`` into the action buffer and wake their executors."""
         self.actions[envs] = actions
         owners = self._owner[envs]
         for index in np.unique(owners):
-            os.write(self._executors[index].action_fd, _records(envs[owners == index]))
+            _write_to_live(self._executors[index].action_fd, _records(envs[owners == index]))
 
     # ---- main-thread side ------------------------------------------------------------------
     def start_round(self) -> None:
         for executor in self._executors:
-            os.write(executor.action_fd, _records([GO]))
+            _write_to_live(executor.action_fd, _records([GO]))
+
+    def dead_executors(self) -> list[int]:
+        """Indices of the executors that have exited."""
+        return [executor.index for executor in self._executors if executor.process.poll() is not None]
+
+    def death(self, index: int) -> str:
+        """What killed executor ``index``, in a line."""
+        executor = self._executors[index]
+        return (f"HTS {executor.describe()} of {self.cfg.id!r} exited "
+                f"({exit_reason(executor.process.poll())}): {self._message(index) or 'no message'}")
+
+    def restart(self, index: int, episodes: np.ndarray, round_index: int) -> None:
+        """Replace dead executor ``index``: its envs start episodes ``episodes`` and it plays round
+        ``round_index`` from step 0 at once. Call with the actors paused, after forgetting what the dead
+        one wrote this round."""
+        old = self._executors[index]
+        os.close(old.action_fd)
+        reap([old.process], _CLOSE_GRACE_S)
+        self.shared["message"][index] = 0
+        self._incarnation[index] += 1
+        self._executors[index] = self._start_executor(index, episodes, (), round_index, True)
 
     def check_executors(self) -> None:
-        """Raise ``RuntimeError`` naming an executor that has exited, or when env errors exceed the limit."""
-        for executor in self._executors:
-            code = executor.process.poll()
-            if code is not None:
-                raise WorkerFailure(f"HTS {executor.describe()} of {self.cfg.id!r} exited ({exit_reason(code)}): "
-                                   f"{self._message(executor.index)}")
+        """Raise ``WorkerFailure`` when env errors exceed the limit."""
         errors = int(self.shared["env_errors"].sum())
         if errors > self.cfg.max_env_errors:
             raise WorkerFailure(f"{errors} env errors exceed max_env_errors={self.cfg.max_env_errors}; last one: "
@@ -236,6 +294,13 @@ class StateBuffer:
         self._finalizer()
 
 
+def _write_to_live(fd: int, data: bytes) -> None:
+    try:
+        os.write(fd, data)
+    except BrokenPipeError:
+        pass  # the executor died: the main thread restarts it, and its successor re-posts its requests
+
+
 # ---- executor process ----------------------------------------------------------------------
 def _incoming(action_fd: int, num_envs: int) -> Iterator[int]:
     """Records from the action pipe, one at a time; STOP when the parent has gone (end of file)."""
@@ -249,12 +314,14 @@ def _incoming(action_fd: int, num_envs: int) -> Iterator[int]:
 
 def _serve(spec: ExecutorSpec, shared: SharedArrays) -> None:
     alpha, first = spec.sync_interval, spec.first_env
-    envs = [EnvWorker(WorkerSpec(spec.index, spec.env_cfg, spec.seed, first + i, 1, spec.array_specs,
-                                 spec.shm_fd, -1, -1), shared) for i in range(spec.num_envs)]
-    uniforms = [uniform_generator(spec.seed, first + i) for i in range(spec.num_envs)]
+    envs = [EnvWorker(WorkerSpec(spec.index, spec.env_cfg, spec.seed, first + i, 1, (spec.episodes[i],),
+                                 (spec.replay[i],) if spec.replay else (), spec.array_specs, spec.shm_fd, -1, -1),
+                      shared) for i in range(spec.num_envs)]
     uniform, request_step = shared["uniform"], shared["request_step"]
     env_seconds = shared["env_seconds"][spec.index:spec.index + 1]
     steps = np.zeros(spec.num_envs, np.int64)
+    tag = shared["obs"].shape[0] * spec.incarnation
+    uniforms: list[np.random.Generator] = []
 
     def post(indices: list[int]) -> None:
         for e in indices:
@@ -262,18 +329,22 @@ def _serve(spec: ExecutorSpec, shared: SharedArrays) -> None:
             request_step[e] = t
             if t < alpha:
                 uniform[e] = uniforms[e - first].random(spec.uniform_shape, dtype=np.float32)
-        os.write(spec.ready_fd, _records(indices))
+        os.write(spec.ready_fd, _records([e + tag for e in indices]))
 
     try:
         for env in envs:
             env.reset()
         incoming = _incoming(spec.action_fd, spec.num_envs)
-        for command in incoming:  # between rounds
+        round_index = spec.first_round
+        commands = itertools.chain([GO], incoming) if spec.join_round else incoming
+        for command in commands:  # between rounds
             if command == STOP:
                 return
             if command != GO:
                 raise RuntimeError(f"executor {spec.index} got record {command} between rounds, expected GO")
             steps[:] = 0
+            uniforms = [uniform_generator(spec.seed, first + i, round_index) for i in range(spec.num_envs)]
+            round_index += 1
             post(list(range(first, first + spec.num_envs)))
             pending = spec.num_envs
             while pending:

@@ -1,0 +1,60 @@
+"""HTS-RL under faults: a killed executor is restarted and the round in flight completes without losing or
+duplicating a transition; a stopped run resumed from its checkpoint reaches the same parameters as one that
+never stopped."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import conveyor
+from conveyor.config import AlgoCfg, ArchCfg, EnvCfg, ModelCfg, RunCfg
+from conveyor.errors import WorkerFailure
+from tests.fault_env import TAGGED_ID, BatchRecorder, check_transitions, children, kill_child
+
+ALPHA, ENVS = 5, 4
+
+
+def tagged_cfg(tmp_path, max_restarts: int = 10, **overrides) -> RunCfg:
+    base = dict(env=EnvCfg(id=TAGGED_ID, num_envs=ENVS, num_workers=2, max_restarts=max_restarts),
+                model=ModelCfg(hidden=(16,)), arch=ArchCfg(name="hts", num_actors=2, sync_interval=ALPHA),
+                total_steps=4000, torch_threads=1, progress=False, target_return=float("inf"), out=str(tmp_path))
+    return RunCfg(**{**base, **overrides})
+
+
+def test_killed_executor_is_restarted_and_no_transition_is_lost_or_duplicated(monkeypatch, tmp_path):
+    recorder = BatchRecorder(monkeypatch)
+    killer = kill_child("conveyor.transport.state_buffer", lambda: len(recorder.batches) >= 20)
+    summary = conveyor.train(tagged_cfg(tmp_path))
+    assert killer.killed, "no executor was killed"
+    assert summary["stop_reason"] == "total_steps reached"
+    assert summary["restarts"] == 1
+    assert 0 <= summary["dropped_steps"] <= ALPHA * ENVS // 2
+    counts = check_transitions(recorder.transitions)
+    # Every counted round but the last (saved in the checkpoint for the delayed update) was learned from.
+    assert counts["transitions"] == len(recorder.transitions) == summary["env_steps"] - ALPHA * ENVS
+    assert counts["episodes"] - counts["complete_episodes"] <= 2 * ENVS + 2
+    assert not children()
+
+
+def test_killed_executor_past_max_restarts_stops_the_run(monkeypatch, tmp_path):
+    recorder = BatchRecorder(monkeypatch)
+    kill_child("conveyor.transport.state_buffer", lambda: len(recorder.batches) >= 5)
+    with pytest.raises(WorkerFailure, match=r"executor \d .*SIGKILL.*--max-restarts") as failure:
+        conveyor.train(tagged_cfg(tmp_path, max_restarts=0, total_steps=10**9))
+    assert "\n" not in str(failure.value)
+    assert not children()
+
+
+@pytest.mark.parametrize("algo", ["a2c", "ppo"])
+def test_resumed_run_reaches_the_same_parameters_as_an_uninterrupted_one(tmp_path, algo):
+    cfg = RunCfg(env=EnvCfg(id="CartPole-v1", num_envs=8, num_workers=2), model=ModelCfg(hidden=(32, 32)),
+                 algo=AlgoCfg(name=algo), arch=ArchCfg(name="hts", num_actors=2, sync_interval=5),
+                 total_steps=8_000, torch_threads=1, progress=False, target_return=float("inf"))
+    whole = conveyor.train(dataclasses.replace(cfg, out=str(tmp_path / "whole")))
+    first = conveyor.train(dataclasses.replace(cfg, out=str(tmp_path / "split"), total_steps=3_000))
+    assert first["param_sha256"] != whole["param_sha256"]
+    resumed = conveyor.train(dataclasses.replace(cfg, out=str(tmp_path / "split"), resume=str(tmp_path / "split")))
+    assert (resumed["env_steps"], resumed["episodes"]) == (whole["env_steps"], whole["episodes"])
+    assert resumed["param_sha256"] == whole["param_sha256"]

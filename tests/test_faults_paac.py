@@ -1,0 +1,63 @@
+"""PAAC under faults: a killed env worker is restarted and the step it lost masked out of the loss; a
+stopped run resumed from its checkpoint reaches the same parameters as one that never stopped."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import conveyor
+from conveyor.config import AlgoCfg, ArchCfg, EnvCfg, RunCfg
+from conveyor.errors import WorkerFailure
+from tests.fault_env import TAGGED_ID, BatchRecorder, check_transitions, children, kill_child
+
+UNROLL, ENVS = 5, 4
+
+
+def tagged_cfg(tmp_path, **overrides) -> RunCfg:
+    base = dict(env=EnvCfg(id=TAGGED_ID, num_envs=ENVS, num_workers=2), arch=ArchCfg(name="paac", unroll=UNROLL),
+                total_steps=6000, torch_threads=1, progress=False, target_return=float("inf"), out=str(tmp_path))
+    return RunCfg(**{**base, **overrides})
+
+
+def test_killed_env_worker_is_restarted_and_only_its_lost_step_dropped(monkeypatch, tmp_path):
+    recorder = BatchRecorder(monkeypatch)
+    killer = kill_child("conveyor.envs.shm_worker", lambda: len(recorder.batches) >= 20)
+    summary = conveyor.train(tagged_cfg(tmp_path))
+    assert killer.killed, "no env worker was killed"
+    assert summary["stop_reason"] == "total_steps reached"
+    assert summary["restarts"] == 1
+    # The killed worker's 2 envs lose the step they were taking: nothing more, nothing less.
+    assert summary["dropped_steps"] == ENVS // 2
+    counts = check_transitions(recorder.transitions)
+    assert counts["transitions"] == len(recorder.transitions) == summary["env_steps"] >= 6000
+    # Cut episodes: at most the ones running at the end plus the two the kill cut short.
+    assert counts["episodes"] - counts["complete_episodes"] <= ENVS + 2
+    assert not children()
+
+
+def test_killed_env_worker_past_max_restarts_stops_the_run(monkeypatch, tmp_path):
+    recorder = BatchRecorder(monkeypatch)
+    cfg = tagged_cfg(tmp_path, total_steps=10**9, env=EnvCfg(id=TAGGED_ID, num_envs=ENVS, num_workers=2,
+                                                             max_restarts=0))
+    kill_child("conveyor.envs.shm_worker", lambda: len(recorder.batches) >= 5)
+    with pytest.raises(WorkerFailure, match=r"env worker \d .*died.*SIGKILL.*--max-restarts") as failure:
+        conveyor.train(cfg)
+    assert "\n" not in str(failure.value)
+    assert list((tmp_path / "checkpoints").glob("*.pt")), "a failed run still leaves a checkpoint"
+    assert not children()
+
+
+@pytest.mark.parametrize("algo", ["a2c", "ppo"])
+def test_resumed_run_reaches_the_same_parameters_as_an_uninterrupted_one(tmp_path, algo):
+    cfg = RunCfg(env=EnvCfg(id="CartPole-v1", num_envs=8, num_workers=2), algo=AlgoCfg(name=algo),
+                 arch=ArchCfg(name="paac", unroll=8), total_steps=12_000, torch_threads=1, progress=False,
+                 target_return=float("inf"))
+    whole = conveyor.train(dataclasses.replace(cfg, out=str(tmp_path / "whole")))
+    first = conveyor.train(dataclasses.replace(cfg, out=str(tmp_path / "split"), total_steps=5_000))
+    assert first["param_sha256"] != whole["param_sha256"]
+    resumed = conveyor.train(dataclasses.replace(cfg, out=str(tmp_path / "split"), resume=str(tmp_path / "split")))
+    assert resumed["env_steps"] == whole["env_steps"]
+    assert resumed["episodes"] == whole["episodes"]
+    assert resumed["param_sha256"] == whole["param_sha256"]
