@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from conveyor.losses import (
-    entropy_loss, ga3c_entropy, ga3c_policy_loss, impact_ratio, normalize_advantages, policy_gradient_loss,
-    ppo_clip_loss, r2d2_targets, sequence_priorities, value_loss,
+    entropy_loss, ga3c_entropy, ga3c_policy_loss, impact_ratio, masked_mean, normalize_advantages,
+    policy_gradient_loss, ppo_clip_loss, r2d2_targets, sequence_priorities, value_loss,
 )
 
 
@@ -21,6 +21,54 @@ def t(x, dtype=torch.float64):
 
 def rng_tensor(seed, *shape):
     return t(np.random.default_rng(seed).normal(size=shape))
+
+
+# ---------------------------------------------------------------- masks
+
+def test_masked_mean_matches_a_loop_and_ignores_nan_in_masked_elements():
+    values = rng_tensor(0, 5, 4)
+    mask = torch.as_tensor(np.random.default_rng(1).random((5, 4)) < 0.6)
+    expected = np.mean([values[i, j].item() for i in range(5) for j in range(4) if mask[i, j]])
+    assert masked_mean(values, mask).item() == pytest.approx(expected, rel=1e-12)
+    poisoned = values.masked_fill(~mask, float("nan"))
+    assert masked_mean(poisoned, mask).item() == pytest.approx(expected, rel=1e-12)
+    assert masked_mean(values, None).item() == pytest.approx(values.mean().item(), rel=1e-12)
+    assert masked_mean(values, torch.zeros(5, 4, dtype=torch.bool)).item() == 0.0
+    with pytest.raises(ValueError, match="bool"):
+        masked_mean(values, mask.double())
+    with pytest.raises(ValueError, match="shape"):
+        masked_mean(values, mask[:4])
+
+
+@pytest.mark.parametrize("term", ["policy_gradient", "value", "entropy", "ppo_clip", "normalize"])
+def test_masked_terms_equal_the_term_on_the_kept_elements_alone(term):
+    a, b = rng_tensor(2, 6, 3), rng_tensor(3, 6, 3)
+    mask = torch.as_tensor(np.random.default_rng(4).random((6, 3)) < 0.5)
+    mask[0, 0] = True
+    ratio = a.exp()
+    masked_a, masked_b = a.masked_fill(~mask, float("nan")), b.masked_fill(~mask, float("nan"))
+    masked_ratio = ratio.masked_fill(~mask, float("nan"))
+    terms = {
+        "policy_gradient": (lambda: policy_gradient_loss(masked_a, masked_b, mask),
+                            lambda: policy_gradient_loss(a[mask], b[mask])),
+        "value": (lambda: value_loss(masked_a, masked_b, mask), lambda: value_loss(a[mask], b[mask])),
+        "entropy": (lambda: entropy_loss(masked_a, mask), lambda: entropy_loss(a[mask])),
+        "ppo_clip": (lambda: ppo_clip_loss(masked_ratio, masked_b, 0.2, mask),
+                     lambda: ppo_clip_loss(ratio[mask], b[mask], 0.2)),
+        "normalize": (lambda: normalize_advantages(masked_b, mask=mask)[mask],
+                      lambda: normalize_advantages(b[mask])),
+    }
+    masked, kept = terms[term]
+    torch.testing.assert_close(masked(), kept(), rtol=1e-12, atol=1e-12)
+    if term == "normalize":
+        assert (normalize_advantages(masked_b, mask=mask)[~mask] == 0).all()
+
+
+def test_masked_policy_gradient_gives_masked_elements_no_gradient():
+    logp = rng_tensor(5, 4, 2).requires_grad_()
+    mask = torch.tensor([[True, False], [True, True], [False, True], [True, True]])
+    policy_gradient_loss(logp, rng_tensor(6, 4, 2), mask).backward()
+    assert (logp.grad[~mask] == 0).all() and (logp.grad[mask] != 0).all()
 
 
 # ---------------------------------------------------------------- policy gradient, value, entropy

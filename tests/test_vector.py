@@ -318,3 +318,22 @@ def test_env_state_rebuilds_every_env_exactly(env_id, env_args):
             if field == "obs" and env_id == COUNTING_ID:  # its reset counter (column 1) is not state a seed sets
                 mine, rebuilt_field = mine[:, [0, 2, 3]], rebuilt_field[:, [0, 2, 3]]
             np.testing.assert_array_equal(mine, rebuilt_field)
+
+
+def test_env_history_keeps_only_the_running_games_and_round_trips_through_a_checkpoint_state():
+    from conveyor.envs.history import EnvHistory, Replay
+
+    history = EnvHistory(3)
+    history.start_games(slice(None))
+    # env 0: a life lost at step 1 (the game goes on); env 1: a new game after step 0; env 2 plays on.
+    history.record(np.array([1, 2, 3]), np.array([False, True, False]), np.array([False, True, False]))
+    history.record(np.array([4, 5, 6]), np.array([True, False, False]), np.array([False, False, False]))
+    history.record(np.array([7, 8, 9]), np.array([False, False, False]), np.array([False, False, False]))
+    assert history.replay_plan() == [Replay(0, [1, 4, 7], [False, True, False]), Replay(1, [5, 8], [False, False]),
+                                     Replay(0, [3, 6, 9], [False, False, False])]
+    assert history.next_episode.tolist() == [2, 2, 1]
+    restored = EnvHistory.from_state(history.state())
+    assert restored.replay_plan() == history.replay_plan()
+    np.testing.assert_array_equal(restored.next_episode, history.next_episode)
+    restored.start_games([2])
+    assert restored.replay_plan()[2] == Replay(1, [], [])
