@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 import conveyor
-from conveyor.config import AlgoCfg, ArchCfg, EnvCfg, RunCfg
+from conveyor.config import AlgoCfg, ArchCfg, EnvCfg, ModelCfg, RunCfg
 from conveyor.errors import WorkerFailure
 from tests.fault_env import TAGGED_ID, BatchRecorder, check_transitions, children, kill_child
 
@@ -61,3 +61,13 @@ def test_resumed_run_reaches_the_same_parameters_as_an_uninterrupted_one(tmp_pat
     assert resumed["env_steps"] == whole["env_steps"]
     assert resumed["episodes"] == whole["episodes"]
     assert resumed["param_sha256"] == whole["param_sha256"]
+
+
+def test_envpool_backend_checkpoints_without_an_env_history_and_resumes(tmp_path):
+    pytest.importorskip("envpool")
+    cfg = RunCfg(env=EnvCfg(id="ALE/Pong-v5", num_envs=4, num_workers=1, backend="envpool"),
+                 model=ModelCfg(name="nips_cnn"), arch=ArchCfg(name="paac", unroll=5), total_steps=400, torch_threads=1, progress=False,
+                 target_return=float("inf"), out=str(tmp_path))
+    first = conveyor.train(cfg)
+    resumed = conveyor.train(dataclasses.replace(cfg, total_steps=800, resume=str(tmp_path)))
+    assert resumed["env_steps"] >= 800 > first["env_steps"]

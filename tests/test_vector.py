@@ -337,3 +337,11 @@ def test_env_history_keeps_only_the_running_games_and_round_trips_through_a_chec
     np.testing.assert_array_equal(restored.next_episode, history.next_episode)
     restored.start_games([2])
     assert restored.replay_plan()[2] == Replay(1, [], [])
+
+
+def test_envpool_backend_refuses_to_rebuild_envs_from_a_checkpoint():
+    from conveyor.envs.history import EnvHistory
+
+    with pytest.raises(ConfigError, match="envpool backend cannot rebuild its envs.*--env-backend shm"):
+        make_vector_env(EnvCfg(id="ALE/Pong-v5", num_envs=2, num_workers=1, backend="envpool"), 0,
+                        env_state=EnvHistory(2).state())

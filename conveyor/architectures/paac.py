@@ -43,7 +43,8 @@ def run(cfg: RunCfg) -> dict[str, Any]:
         sampler = torch.Generator().manual_seed(cfg.seed)
         if "sampler" in run.resume_state:
             sampler.set_state(run.resume_state["sampler"])
-        run.save_with_checkpoints(lambda: {"env_state": venv.history.state(), "sampler": sampler.get_state()})
+        run.save_with_checkpoints(lambda: {"env_state": venv.history and venv.history.state(),
+                                           "sampler": sampler.get_state()})
         is_ppo = cfg.algo.name == "ppo"
         epochs, minibatches = (cfg.algo.ppo_epochs, cfg.algo.ppo_minibatches) if is_ppo else (1, 1)
         # A2C's parameters stay fixed for the whole rollout: backpropagate through the acting

@@ -124,6 +124,8 @@ class EnvpoolVectorEnv:
         self._reset_actions = np.zeros((batch, *self.single_action_space.shape), self._action_dtype)
         self._stepping = False
         self._closed = False
+        self.restarts = 0  # envpool's threads live in this process: nothing to restart
+        self.history = None  # envpool cannot replay actions into a fresh env
 
     @property
     def env_errors(self) -> int:

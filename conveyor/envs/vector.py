@@ -100,6 +100,10 @@ class VectorEnv(Protocol):
     num_envs: int
     single_observation_space: gym.Space
     single_action_space: gym.Space
+    restarts: int
+    """Dead workers replaced so far."""
+    history: EnvHistory | None
+    """How to rebuild every env (None when the backend cannot)."""
 
     def reset(self) -> np.ndarray: ...
 
@@ -126,7 +130,7 @@ def make_vector_env(cfg: EnvCfg, seed: int, *, copy: bool = True, restart_worker
     if cfg.backend == "envpool":
         if env_state is not None:
             raise ConfigError("the envpool backend cannot rebuild its envs from a checkpoint: resume with "
-                              "--backend shm")
+                              "--env-backend shm")
         from conveyor.envs.envpool_backend import EnvpoolVectorEnv
 
         return EnvpoolVectorEnv(cfg, seed, copy=copy)
