@@ -125,6 +125,9 @@ class Run:
     def learner(self, model: nn.Module, loss_fn: Any = None, learner_cls: type[Learner] = Learner) -> Learner:
         """The run's learner (a ``learner_cls``, e.g. ``R2D2Learner``); restored from the latest checkpoint
         when ``cfg.resume`` is set."""
+        if self.cfg.algo.name in algos.DISCRETE_ONLY and not model.policy.discrete:
+            raise ConfigError(f"--algo {self.cfg.algo.name} needs a discrete action space, and {self.cfg.env.id} "
+                              "has continuous actions: use --algo a2c, ppo, vtrace or impact")
         learner = learner_cls(model, loss_fn or algos.make_loss(self.cfg), self.cfg)
         if self.resume_path:
             state = self.resume_state

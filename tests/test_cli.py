@@ -27,6 +27,9 @@ def run_cli(*args):
     (["--lr", "abc"], "invalid float value"),
     (["--device", "tpu"], "unknown device"),
     (["--gamma", "1.5"], "gamma must lie in [0, 1]"),
+    (["--max-restarts", "-1"], "max_restarts must be >= 0"),
+    (["--arch", "ga3c", "--algo", "ga3c", "--env", "Pendulum-v1"], "--algo ga3c needs a discrete action space"),
+    (["--arch", "seed", "--algo", "r2d2", "--env", "Pendulum-v1"], "dueling Q head needs a discrete action space"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, args, message):
     assert main(["train", *args]) == 2

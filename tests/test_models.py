@@ -106,3 +106,10 @@ def test_model_errors():
     model = make_model(ModelCfg(), VECTOR, DISCRETE)
     with pytest.raises(ValueError, match="does not match"):
         model(torch.randn(1, 2, 7))
+
+
+def test_unsupported_action_spaces_are_refused():
+    for space in (gym.spaces.MultiDiscrete([2, 3]), gym.spaces.Box(-1, 1, (2, 2)),
+                  gym.spaces.Dict({"a": gym.spaces.Discrete(2)})):
+        with pytest.raises(ConfigError, match="action space .* is not supported: use a Discrete or 1-D Box"):
+            make_model(ModelCfg(), VECTOR, space)

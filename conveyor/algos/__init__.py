@@ -21,7 +21,10 @@ from conveyor.models.heads import ModelOut
 
 LossFn = Callable[[ModelOut, dict[str, Tensor]], tuple[Tensor, dict[str, Tensor]]]
 
-__all__ = ["LossFn", "batch_series", "make_loss", "rollout_length"]
+__all__ = ["DISCRETE_ONLY", "LossFn", "batch_series", "make_loss", "rollout_length"]
+
+DISCRETE_ONLY = ("ga3c", "r2d2")
+"""Algorithms whose losses need action probabilities or action values: refused for continuous actions."""
 
 
 def make_loss(cfg: RunCfg) -> LossFn:
