@@ -9,14 +9,19 @@ terminated/truncated flags, the final observation of truncated episodes and
 finished episodes' returns), receive the actions, step. Each episode gets a
 random run id, so the learner can tell a continued episode from a broken one.
 
-If the stream breaks, the actor retries with exponential backoff (up to
-``--retry-s`` seconds without a learner) and resumes where its envs are:
-the learner has dropped those envs' partial unrolls and starts new ones.
-A refused token prints one line and exits 2; a learner that finished
-training ends the stream with OK and the actor exits 0.
+If the stream breaks (or the learner cancels it after waiting on it too
+long), the actor retries with exponential backoff (up to ``--retry-s``
+seconds without a learner) and resumes where its envs are: the learner has
+dropped those envs' partial unrolls and starts new ones. The envs are built
+once per process, from the env config and seed of the first Welcome; a
+restarted actor process builds them from its new Welcome, whose seed differs
+from every earlier one (``transport.seed_server.actor_env_seed``). A refused
+token prints one line and exits 2; a learner that finished training ends
+the stream with OK and the actor exits 0.
 
 ``LocalActors`` starts the actor processes of ``conveyor train --arch seed``
-(``--local-actors``), passing the token through the environment.
+(``--local-actors``), passing the token through the environment, and
+restarts the ones that die, up to ``--max-restarts`` times per run.
 """
 
 from __future__ import annotations
@@ -91,6 +96,11 @@ def main(args: argparse.Namespace) -> int:
         actor.close()
 
 
+def actor_name(pid: int) -> str:
+    """The name an actor process gives the learner in its Hello (``host:pid``)."""
+    return f"{socket.gethostname()}:{pid}"
+
+
 def _exit_on_signal(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
@@ -120,7 +130,7 @@ class Actor:
         else:
             self.channel = grpc.insecure_channel(address, options=options)
         self.stub = seed_pb2_grpc.SeedStub(self.channel)
-        self.name = f"{socket.gethostname()}:{os.getpid()}"
+        self.name = actor_name(os.getpid())
         self.venv: Any = None
         self.env_json = ""
         self.rng = np.random.default_rng()
@@ -262,12 +272,19 @@ def _drain(outbox: queue.Queue[Any]) -> Iterator[Any]:
 
 
 class LocalActors:
-    """The actor processes ``conveyor train --arch seed`` starts itself; restarts ones that die."""
+    """The actor processes ``conveyor train --arch seed`` starts itself; restarts ones that die.
+
+    ``restart_dead`` (called by the training loop) starts a new process for each dead one, up to
+    ``max_restarts`` over the run (``EnvCfg.max_restarts``; 0: never), and returns the dead processes'
+    actor names, with which the learner finds the steps they dropped (``SeedServer.take_dropped``).
+    One death more stops the run with a one-line ``WorkerFailure``.
+    """
 
     def __init__(self, count: int, address: str, token: str, *, num_envs: int, num_workers: int,
                  log_dir: Path, tls_ca: str = "", max_message_bytes: int = 16 * 1024 * 1024,
                  max_restarts: int = 10) -> None:
         self.address = address
+        self.num_envs = num_envs
         # ``-m conveyor.actor`` rather than ``conveyor actor``: the CLI imports torch, an actor never needs it.
         self.args = [sys.executable, "-m", "conveyor.actor", "--learner", address,
                      "--num-envs", str(num_envs), "--num-workers", str(num_workers), "--retry-s", "30",
@@ -288,19 +305,34 @@ class LocalActors:
         with open(self.log_dir / f"actor-{index}.log", "ab") as log:
             return subprocess.Popen(self.args, env=self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
 
-    def restart_dead(self) -> int:
-        """Start a new process for every actor that exited; returns how many. Raises after max_restarts."""
-        started = 0
+    def restart_dead(self) -> list[str]:
+        """Start a new process for every actor that exited; returns the dead ones' actor names. Raises
+        ``WorkerFailure`` when that would exceed ``max_restarts``."""
+        dead = []
         for index, process in enumerate(self.processes):
             if process.poll() is None:
                 continue
             if self.restarts >= self.max_restarts:
-                raise WorkerFailure(f"local actor {index} exited ({process.returncode}) after {self.restarts} "
-                                   f"restarts; see {self.log_dir / f'actor-{index}.log'}")
+                raise WorkerFailure(self._failure(index, process))
             self.processes[index] = self._start(index)
             self.restarts += 1
-            started += 1
-        return started
+            dead.append(actor_name(process.pid))
+        return dead
+
+    def _failure(self, index: int, process: subprocess.Popen) -> str:
+        code = process.returncode
+        how = f"exit code {code}"
+        if code < 0:
+            try:
+                how = f"killed by signal {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"killed by signal {-code}"
+        what = (f"local actor {index} (pid {process.pid}, {self.num_envs} envs) died ({how}); "
+                f"see {self.log_dir / f'actor-{index}.log'}")
+        if not self.max_restarts:
+            return f"{what}; restarts are off (--max-restarts 0): pass --max-restarts N to restart dead actors"
+        return (f"{what}; that is one death more than --max-restarts {self.max_restarts} allows: "
+                "fix the cause in its log, or raise --max-restarts")
 
     def close(self, grace_s: float = 5.0) -> None:
         for process in self.processes:

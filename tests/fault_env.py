@@ -21,9 +21,6 @@ from typing import Any, Callable
 
 import gymnasium as gym
 import numpy as np
-import torch
-
-from conveyor.learner import Learner
 
 TAGGED_ID = "tests.fault_env:Tagged-v0"
 _SCALE = 65536.0
@@ -71,11 +68,14 @@ class BatchRecorder:
     (the transitions; ``obs[T]`` is only the bootstrap), less those ``batch["valid"]`` masks out."""
 
     def __init__(self, monkeypatch: Any) -> None:
+        # Imported here: env worker processes import this module for the env and never need torch.
+        from conveyor.learner import Learner
+
         self.batches: list[np.ndarray] = []
         self._lock = threading.Lock()
         original = Learner.compute_gradients
 
-        def recording(learner: Learner, batch: dict[str, torch.Tensor], *args: Any, **kwargs: Any) -> Any:
+        def recording(learner: Learner, batch: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
             steps = batch["rewards"].shape[0]
             observed = tags(batch["obs"][:steps].detach().cpu().numpy())
             if "valid" in batch:  # steps masked out of the loss are not trained on

@@ -19,6 +19,20 @@ learner, three kinds of threads (paper figure 3):
 Only the parameter update and the acting forward pass hold the lock that
 keeps them from interleaving.
 
+Faults (``transport.seed_server``, ``transport.inference``): an actor that
+dies or disconnects loses only its envs' partial unrolls, which are never
+trained on; a local actor that dies is restarted (``--max-restarts``, then
+the run stops with one line) and counted once in ``restarts`` with the
+steps it dropped in ``dropped_steps``. ``env_steps`` counts a step when the
+unroll holding it goes to the unroll queue, so with V-trace it equals the
+transitions handed to the learner (at most ``4 * batch_size`` unrolls of
+them are still queued or prefetched when the run stops: the queue holds
+``2 * batch_size``, the prefetch thread one batch ready and one in hand);
+with R2D2 it counts distinct acted steps stored in replay. A stalled actor
+costs one ``--inference-timeout-ms`` and is then left out of the batches
+it holds up; the server cancels a stream it has waited on for
+``seed_server.IDLE_TIMEOUT_S``.
+
 With ``--algo r2d2`` (``conveyor.r2d2``) the policy acts epsilon-greedily
 through an LSTM with per-actor epsilons, inference cuts each env's stream
 into ``--seq-len`` sequences overlapping by half (each with the LSTM state it
@@ -107,7 +121,8 @@ def run(cfg: RunCfg) -> dict[str, Any]:
             unroll, overlap, sink = arch.unroll, 0, unrolls.put
         stats = InferenceStats()
         inference = CentralInference(policy, obs_spec, unroll, cfg.algo.gamma, sink, overlap=overlap, stats=stats,
-                                     on_steps=run.record_env_step, timer=run.timer)
+                                     on_steps=run.telemetry.add_steps, on_episodes=run.telemetry.add_episodes,
+                                     timer=run.timer)
         batcher = run.closing(Batcher(inference.process, arch.inference_batch, arch.inference_timeout_ms / 1000.0,
                                       stats=stats))
         token = learner_token(arch.token_file, local_only=arch.local_actors > 0)
@@ -115,21 +130,24 @@ def run(cfg: RunCfg) -> dict[str, Any]:
             batcher, inference.release, listen=arch.listen, token=token,
             env_config_json=_env_json(cfg), obs_shape=obs_space.shape, obs_dtype=obs_space.dtype, base_seed=cfg.seed,
             max_message_bytes=arch.max_message_bytes, tls_cert=arch.tls_cert, tls_key=arch.tls_key, stats=stats))
-        batcher.expected_rows = lambda: server.open_envs  # all open streams waiting: no reason to wait longer
+        batcher.expected_rows = lambda: server.expected_envs  # all but late streams waiting: go
+        batcher.on_timeout = server.mark_late
         address = server.start()
         (run.out / "learner_address").write_text(address + "\n")
         print(f"seed: learner listening on {address}; actors join with "
               f"`conveyor actor --learner {address} --num-envs N` and the token", file=sys.stderr)
         actors = None
+        restarted: list[str] = []  # dead local actors whose dropped steps are not counted yet
         if arch.local_actors:
             actors = run.closing(LocalActors(arch.local_actors, address, token, num_envs=cfg.env.num_envs,
                                              num_workers=cfg.env.num_workers, log_dir=run.out / "actors",
-                                             tls_ca=arch.tls_cert, max_message_bytes=arch.max_message_bytes))
+                                             tls_ca=arch.tls_cert, max_message_bytes=arch.max_message_bytes,
+                                             max_restarts=cfg.env.max_restarts))
         prefetch = run.closing(r2d2 if r2d2 is not None else Prefetcher(unrolls, arch.batch_size, learner.device))
         while not run.should_stop():
             batcher.raise_if_failed()
             if actors is not None:
-                run.telemetry.restarts += actors.restart_dead()
+                restarted = _count_restarts(run, server, restarted + actors.restart_dead())
             run.telemetry.add_time("env", stats.take_env_time())
             run.telemetry.gauge("actors_connected", stats.actors_connected)
             run.telemetry.gauge("inference_batch_mean", stats.mean_batch)
@@ -151,7 +169,21 @@ def run(cfg: RunCfg) -> dict[str, Any]:
                     with params_lock:
                         learner.apply_gradients()
             run.after_update(learner, metrics)
+        _count_restarts(run, server, restarted, final=True)
         return run.finish(learner, inference={**stats.summary(), "address": address})
+
+
+def _count_restarts(run: Run, server: SeedServer, names: list[str], final: bool = False) -> list[str]:
+    """``add_restart`` once per restarted actor, with the steps its streams dropped, as soon as the server
+    has released them (``final``: now, counting what is known); returns the names still waiting."""
+    waiting = []
+    for name in names:
+        dropped = server.take_dropped(name)
+        if dropped is None and not final:
+            waiting.append(name)
+        else:
+            run.telemetry.add_restart(dropped_steps=dropped or 0)
+    return waiting
 
 
 def _env_json(cfg: RunCfg) -> str:

@@ -2,12 +2,20 @@
 
 Stream threads ``submit`` a request of some env rows and wait on the
 returned ``Pending``; one inference thread takes requests in arrival order
-until ``max_rows`` rows are gathered, every connected actor has a request
+until ``max_rows`` rows are gathered, every actor it expects has a request
 waiting (``expected_rows``), or ``timeout_s`` has passed since the first,
 and calls ``process(requests) -> replies`` once for all of them; each
 waiter gets its own reply. ``call_soon(fn)`` runs ``fn`` on the inference
 thread in order with the requests (stream clean-up uses it, so a slot is
 never released while one of its steps is still queued).
+
+Stalls: a batch never waits longer than ``timeout_s``, whoever is missing.
+When a batch closes on its deadline with fewer rows than expected,
+``on_timeout()`` runs (on the inference thread, before that batch is
+processed; counted as ``batch_timeouts``): SEED's server marks every stream
+that has no request waiting as late and leaves it out of ``expected_rows``
+until it sends again, so a stalled actor costs one timeout, not one per
+batch (``transport.seed_server``).
 
 SEED's ``process`` is ``transport.inference.CentralInference.process``.
 This module stays free of torch, like everything an actor imports.
@@ -51,12 +59,15 @@ class Batcher:
     """Gathers requests from many threads into one ``process`` call (see the module docstring)."""
 
     def __init__(self, process: Callable[[list[Any]], list[Any]], max_rows: int, timeout_s: float, *,
-                 expected_rows: Callable[[], int] | None = None, stats: InferenceStats | None = None,
-                 name: str = "seed-inference") -> None:
+                 expected_rows: Callable[[], int] | None = None, on_timeout: Callable[[], None] | None = None,
+                 stats: InferenceStats | None = None, name: str = "seed-inference") -> None:
         self.process = process
         self.max_rows = max_rows
         self.timeout_s = timeout_s
         self.expected_rows = expected_rows
+        """Rows worth waiting for (all open streams' envs but the late ones); None: wait for the timeout."""
+        self.on_timeout = on_timeout
+        """Called when a batch closed on its deadline short of ``expected_rows`` (see the module docstring)."""
         self.stats = stats
         self.failure: BaseException | None = None
         self._items: collections.deque[Pending | Callable[[], None]] = collections.deque()
@@ -85,7 +96,8 @@ class Batcher:
             self._items.append(fn)
             self._cond.notify()
 
-    def _next(self) -> list[Pending] | Callable[[], None] | None:
+    def _next(self) -> tuple[list[Pending], bool] | Callable[[], None] | None:
+        """The next control call, or the next batch and whether it closed on its deadline; None once closed."""
         with self._cond:
             while not self._items:
                 if self._closed:
@@ -96,6 +108,7 @@ class Batcher:
             deadline = time.perf_counter() + self.timeout_s
             batch: list[Pending] = []
             rows = 0
+            timed_out = False
             while not self._closed:
                 while self._items and isinstance(self._items[0], Pending) and (
                         not batch or rows + self._items[0].rows <= self.max_rows):
@@ -105,36 +118,43 @@ class Batcher:
                 if self._items or rows >= self.max_rows:
                     break  # full, or a control call or an oversized request waits behind this batch
                 if self.expected_rows is not None and rows >= self.expected_rows():
-                    break  # every connected actor is waiting: a longer wait only adds latency
+                    break  # every expected actor is waiting: a longer wait only adds latency
                 remaining = deadline - time.perf_counter()
                 if remaining <= 0:
+                    timed_out = True
                     break
                 self._cond.wait(remaining)
-            return batch
+            return batch, timed_out
 
     def _loop(self) -> None:
         while True:
             item = self._next()
             if item is None:
                 break
-            if not isinstance(item, list):
+            if not isinstance(item, tuple):
                 try:
                     item()
                 except BaseException as error:  # noqa: BLE001 - surfaced through .failure
                     self.failure = self.failure or error
                 continue
+            batch, timed_out = item
             try:
-                results = self.process([pending.request for pending in item])
+                if timed_out:
+                    if self.stats is not None:
+                        self.stats.count("batch_timeouts")
+                    if self.on_timeout is not None:
+                        self.on_timeout()
+                results = self.process([pending.request for pending in batch])
             except BaseException as error:  # noqa: BLE001 - every waiter hears of it; the run reads .failure
                 self.failure = self.failure or error
-                for pending in item:
+                for pending in batch:
                     pending.finish(error=error)
                 continue
             done = time.perf_counter()
-            for pending, result in zip(item, results):
+            for pending, result in zip(batch, results):
                 pending.finish(result)
             if self.stats is not None:
-                self.stats.add_batch(sum(p.rows for p in item), [done - p.submitted for p in item])
+                self.stats.add_batch(sum(p.rows for p in batch), [done - p.submitted for p in batch])
         with self._cond:  # wake whoever still waits
             for pending in self._items:
                 if isinstance(pending, Pending):
@@ -158,11 +178,14 @@ LATENCY_WINDOW = 100_000
 
 
 class InferenceStats:
-    """Thread-safe counters of the inference path; ``summary()`` goes into summary.json under ``seed``.
+    """Thread-safe counters of the inference path; ``summary()`` goes into summary.json under ``inference``.
 
     ``latency`` is what an actor waits for its actions (send to reply, network included: the SEED
     paper's table 13 end-to-end inference latency), reported by the actors; ``server_latency`` is
-    the part spent queued and computing inside the learner.
+    the part spent queued and computing inside the learner. ``counters`` (``count``) hold, among
+    others: ``unrolls``, ``partial_unrolls_dropped`` and ``dropped_steps`` (acted steps lost with
+    them: streams that ended, discontinuities), ``discontinuities``, ``batch_timeouts``,
+    ``streams_closed_idle`` and the ``refused_*`` reasons.
     """
 
     def __init__(self) -> None:

@@ -10,6 +10,20 @@ policy once on all rows with each env's recurrent state, records the
 action, the policy's per-step values and the learner version that acted,
 and returns each request its own actions. Finished unrolls go to a sink.
 
+Counting (the run's ``env_steps``): a step counts once the sink has taken
+an unroll holding it (``on_steps(n)`` after the sink returns), never when
+it is acted. So with V-trace ``env_steps`` equals the transitions handed to
+the learner's unroll queue. With ``overlap`` (R2D2) a sequence's first
+``overlap`` steps were already counted with the sequence before it, so
+``env_steps`` counts distinct acted steps stored in replay (each is stored
+about ``T / (T - overlap)`` times; what is trained depends on the replay
+ratio). When an env's stream ends (``release``: its actor died,
+disconnected or stalled past the server's deadline) or it continues under
+another run id (a discontinuity), its partial unroll is dropped, never
+emitted; its acted steps that no emitted unroll held are counted as
+``dropped_steps`` (``release`` returns them). Finished episodes' returns
+are reported as they arrive (``on_episodes``).
+
 Extension points (R2D2 plugs in here):
 
 - the ``Policy``: what acts. V-trace samples from the actor-critic and keeps
@@ -110,7 +124,8 @@ class CentralInference:
 
     def __init__(self, policy: Policy, obs_spec: FieldSpec, unroll: int, gamma: float, sink: UnrollSink, *,
                  overlap: int = 0, stats: InferenceStats | None = None,
-                 on_steps: Callable[[int, np.ndarray], None] | None = None,
+                 on_steps: Callable[[int], None] | None = None,
+                 on_episodes: Callable[[np.ndarray], None] | None = None,
                  timer: Callable[[str], ContextManager[Any]] | None = None) -> None:
         self.policy = policy
         self.gamma = gamma
@@ -118,6 +133,9 @@ class CentralInference:
         self.unrolls = PartialUnrolls(unroll, self.fields, sink, overlap=overlap)
         self.stats = stats or InferenceStats()
         self.on_steps = on_steps
+        """``on_steps(n)``: n new acted steps went to the sink (see the module docstring)."""
+        self.on_episodes = on_episodes
+        """``on_episodes(returns)``: per env row of a batch, the return of an episode that ended there, else NaN."""
         self.timer = timer or (lambda bucket: contextlib.nullcontext())
         action = policy.action_spec
         # Per slot: acted and waiting for its reward; run id of its episode; last action; recurrent state.
@@ -125,30 +143,39 @@ class CentralInference:
         self.run_id = torch.zeros(0, dtype=torch.int64)
         self.last_action = torch.zeros((0, *action.shape), dtype=action.dtype)
         self.state = tuple(torch.zeros((0, *spec.shape), dtype=spec.dtype) for spec in policy.state_fields.values())
+        # Per slot: leading steps of its partial unroll that an emitted unroll already held (0 or overlap).
+        self.emitted = torch.zeros(0, dtype=torch.int64)
 
     def _grow(self, rows: int) -> None:
         self.unrolls.grow(rows)
+        self.emitted = _grow_rows(self.emitted, rows, 0)
         self.pending = _grow_rows(self.pending, rows, False)
         self.run_id = _grow_rows(self.run_id, rows, -1)
         self.last_action = _grow_rows(self.last_action, rows, 0)
         self.state = tuple(_grow_rows(s, rows, 0) for s in self.state)
 
-    def release(self, slots: list[int]) -> None:
-        """Forget the slots (their stream ended): drop their partial unrolls and state."""
+    def release(self, slots: list[int]) -> int:
+        """Forget the slots (their stream ended): drop their partial unrolls and state. Returns the
+        dropped steps (acted, never handed to the sink)."""
         index = torch.tensor(slots, dtype=torch.int64)
         self._grow(int(index.max()) + 1 if len(slots) else 0)
-        self._drop(index)
+        return self._drop(index)
 
-    def _drop(self, slots: Tensor) -> None:
-        dropped = self.unrolls.reset(slots)
-        if dropped:
-            self.stats.count("partial_unrolls_dropped", dropped)
+    def _drop(self, slots: Tensor) -> int:
+        unemitted = (self.unrolls.cursor[slots] - self.emitted[slots]).clamp(min=0)
+        self.unrolls.reset(slots)
+        self.emitted[slots] = 0
+        steps = int(unemitted.sum())
+        if steps:
+            self.stats.count("partial_unrolls_dropped", int((unemitted > 0).sum()))
+            self.stats.count("dropped_steps", steps)
         self.pending[slots] = False
         self.run_id[slots] = -1
         self.last_action[slots] = 0
         if self.state:
             for table, init in zip(self.state, self.policy.initial_state(len(slots))):
                 table[slots] = init
+        return steps
 
     def process(self, requests: list[EnvSteps]) -> list[np.ndarray]:
         with self.timer("act"):
@@ -191,8 +218,8 @@ class CentralInference:
         closed = slots[pending]
         self.unrolls.write("rewards", closed, reward[pending], offset=-1)
         self.unrolls.write("discounts", closed, discount[pending], offset=-1)
-        if self.on_steps is not None:
-            self.on_steps(len(closed), np.concatenate([r.episode_return for r in requests]))
+        if self.on_episodes is not None:
+            self.on_episodes(np.concatenate([r.episode_return for r in requests]))
 
         # 2. The new observation starts or continues each slot's unroll; a full unroll goes to the sink.
         first = ~pending | ended
@@ -211,9 +238,14 @@ class CentralInference:
             self.unrolls.write("prev_reward", slots, prev_reward)
             for name, rows in zip(self.policy.state_fields, state):
                 self.unrolls.write(name, slots, rows)
-        emitted = self.unrolls.emit_full(slots)
+        full = slots[self.unrolls.cursor[slots] == self.unrolls.T]
+        emitted = self.unrolls.emit_full(slots)  # the sink may block (a full queue throttles the actors)
         if emitted:
             self.stats.count("unrolls", emitted)
+            new_steps = int((self.unrolls.T - self.emitted[full]).sum())
+            self.emitted[full] = self.unrolls.overlap
+            if self.on_steps is not None:
+                self.on_steps(new_steps)
 
         # 3. One forward for every row; record what acted.
         out = self.policy.act(ActInput(slots, obs, first, prev_action, prev_reward, state))

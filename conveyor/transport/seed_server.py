@@ -12,17 +12,41 @@ ends for any reason its slots are released through the batcher, after any
 of its steps still queued, which drops only those envs' partial unrolls.
 When the learner finishes, open streams end with status OK, which tells
 actors that training is over.
+
+Env seeds: the stream that gets slots ``s, s+1, ...`` is the ``life``-th
+to start at slot ``s`` and its Welcome carries
+``actor_env_seed(base_seed, s, life)`` (a hash of the three). Slots go to
+the lowest free ones, so the same run seed gives the same slot blocks the
+same seeds whatever order actors connect in, and an actor restarted onto
+its old slots (or any others) never repeats an earlier life's seed.
+
+Slow and stalled actors: the batcher expects a request from every open
+stream (``expected_envs``) but waits at most ``--inference-timeout-ms``.
+When a batch closes on that deadline (``mark_late``), the streams with no
+request waiting are late and no longer expected until they send again; so
+a stalled actor costs one timeout, and the others are served at full rate.
+A stream the learner has waited on for ``idle_timeout_s`` (default
+``IDLE_TIMEOUT_S``: no Hello, or no next Step after a reply) is cancelled
+(CANCELLED; counted as ``streams_closed_idle``), which releases its slots
+and drops its partial unrolls; a live actor reconnects and goes on. The
+learner taking long never counts: a stream waiting for its reply is never idle.
+
+``take_dropped(name)`` tells the run how many steps the streams of an actor
+(named by its Hello: ``host:pid``) lost, once they are all released, so a
+restarted local actor's dropped steps are counted with its restart.
 """
 
 from __future__ import annotations
 
+import collections
 import hmac
-import itertools
 import os
 import secrets
 import sys
 import threading
+import time
 from concurrent import futures
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -40,8 +64,17 @@ MAX_STREAMS = 256
 """Concurrent actor streams (each holds one server thread while open); more are refused."""
 MAX_ENV_SLOTS = 4096
 """Env slots over all actors; the learner keeps a partial unroll per slot, so this bounds its memory."""
+IDLE_TIMEOUT_S = 120.0
+"""Seconds the learner waits on a stream (for its Hello, or its next Step after a reply) before it cancels it."""
 _POLL_S = 0.1
+_MAX_ENDED_NAMES = 4096
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+
+def actor_env_seed(base_seed: int, first_slot: int, life: int) -> int:
+    """The env seed of the ``life``-th stream (from 0) whose env slots start at ``first_slot``, in a run
+    seeded ``base_seed`` (a 32-bit hash of all three; see the module docstring)."""
+    return int(np.random.SeedSequence((base_seed, first_slot, life)).generate_state(1)[0])
 
 
 def read_token(token_file: str = "") -> str:
@@ -107,6 +140,19 @@ class SlotAllocator:
             self._free.extend(slots)
 
 
+@dataclass(eq=False)
+class _Stream:
+    """The server's view of one open stream (guarded by ``SeedServer._lock``)."""
+
+    context: Any
+    idle_since: float  # monotonic: since when the learner waits on this stream
+    name: str = ""
+    slots: list[int] = field(default_factory=list)
+    waiting: bool = False  # a step of it is with the batcher
+    late: bool = False  # missed a batch's deadline: not expected until it sends again
+    cancelled: bool = False
+
+
 class SeedServicer(seed_pb2_grpc.SeedServicer):
     def __init__(self, server: SeedServer) -> None:
         self.server = server
@@ -119,14 +165,17 @@ class SeedServer:
     """gRPC server of one learner (see the module docstring).
 
     ``release(slots)`` is called on the inference thread when a stream ends
-    (``CentralInference.release``); ``env_config_json`` and ``env_seed`` tell
-    actors what to run; ``obs_shape``/``obs_dtype`` fix what a step must carry.
+    (``CentralInference.release``; it may return the steps it dropped);
+    ``env_config_json`` and the env seed (``actor_env_seed``) tell actors what
+    to run; ``obs_shape``/``obs_dtype`` fix what a step must carry. Wire the
+    batcher to it with ``batcher.expected_rows = lambda: server.expected_envs``
+    and ``batcher.on_timeout = server.mark_late``.
     """
 
-    def __init__(self, batcher: Batcher, release: Callable[[list[int]], None], *, listen: str, token: str,
+    def __init__(self, batcher: Batcher, release: Callable[[list[int]], int | None], *, listen: str, token: str,
                  env_config_json: str, obs_shape: tuple[int, ...], obs_dtype: np.dtype, base_seed: int,
                  max_message_bytes: int, tls_cert: str = "", tls_key: str = "",
-                 stats: InferenceStats | None = None) -> None:
+                 stats: InferenceStats | None = None, idle_timeout_s: float | None = None) -> None:
         if not token:
             raise ConfigError(f"the SEED server needs a token: pass --token-file FILE or set {TOKEN_ENV}")
         self.batcher = batcher
@@ -139,11 +188,15 @@ class SeedServer:
         self.base_seed = base_seed
         self.max_message_bytes = max_message_bytes
         self.stats = stats or InferenceStats()
+        self.idle_timeout_s = IDLE_TIMEOUT_S if idle_timeout_s is None else idle_timeout_s
         self.slots = SlotAllocator()
-        self._sessions = itertools.count()
+        self._lives: collections.Counter[int] = collections.Counter()  # streams started per first slot
         self._closing = threading.Event()
-        self._open_envs = 0
         self._lock = threading.Lock()
+        self._streams: set[_Stream] = set()
+        self._unreleased: collections.Counter[str] = collections.Counter()  # per actor name
+        self._dropped: collections.OrderedDict[str, int] = collections.OrderedDict()  # per actor name
+        self._watchdog: threading.Thread | None = None
         self.address = ""
         threads = futures.ThreadPoolExecutor(max_workers=MAX_STREAMS + 4, thread_name_prefix="seed-rpc")
         self._server = grpc.server(threads, options=channel_options(max_message_bytes),
@@ -174,23 +227,95 @@ class SeedServer:
             print(f"seed: warning: listening on {self.address} without TLS: the token and all data travel in "
                   "clear text; pass --tls-cert and --tls-key", file=sys.stderr)
         self._server.start()
+        self._watchdog = threading.Thread(target=self._watch, name="seed-idle-watchdog", daemon=True)
+        self._watchdog.start()
         return self.address
 
     def close(self, grace_s: float = 1.0) -> None:
         """End every stream with OK (actors take it as 'training finished') and stop serving."""
         self._closing.set()
         self._server.stop(grace_s).wait(grace_s + 5.0)
+        if self._watchdog is not None:
+            self._watchdog.join(timeout=5.0)
         path = unix_socket_path(self.listen)
         if path:
             Path(path).unlink(missing_ok=True)
 
+    # ---- what the batcher waits for --------------------------------------------------------
     @property
     def open_envs(self) -> int:
-        """Env rows of all open streams: the batcher stops waiting once that many are queued."""
-        return self._open_envs
+        """Env rows of all open streams."""
+        with self._lock:
+            return sum(len(stream.slots) for stream in self._streams)
+
+    @property
+    def expected_envs(self) -> int:
+        """Env rows of the open streams worth waiting for: all but the late ones (``mark_late``)."""
+        with self._lock:
+            return sum(len(stream.slots) for stream in self._streams if stream.waiting or not stream.late)
+
+    def mark_late(self) -> None:
+        """A batch closed on its deadline: every stream with no step waiting is late until it sends one."""
+        with self._lock:
+            for stream in self._streams:
+                if not stream.waiting:
+                    stream.late = True
+
+    def _watch(self) -> None:
+        """Cancel streams the learner has waited on for longer than ``idle_timeout_s``."""
+        poll_s = min(1.0, max(0.01, self.idle_timeout_s / 4))
+        while not self._closing.wait(poll_s):
+            now = time.monotonic()
+            with self._lock:
+                idle = [stream for stream in self._streams if not stream.waiting and not stream.cancelled
+                        and now - stream.idle_since > self.idle_timeout_s]
+                for stream in idle:
+                    stream.cancelled = True
+            for stream in idle:
+                self.stats.count("streams_closed_idle")
+                stream.context.cancel()  # its request iterator raises: serve_stream ends and releases
+
+    # ---- dropped steps per actor -----------------------------------------------------------
+    def take_dropped(self, actor_name: str) -> int | None:
+        """Steps dropped with the released streams of the actor named ``actor_name`` (taken: a second call
+        says 0); None while one of its streams is open or not yet released. An actor that never connected
+        dropped 0."""
+        with self._lock:
+            if self._unreleased.get(actor_name, 0) > 0:
+                return None
+            return self._dropped.pop(actor_name, 0)
 
     # ---- one actor stream ----------------------------------------------------------------
     def serve_stream(self, request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
+        stream = _Stream(context, time.monotonic())
+        with self._lock:
+            self._streams.add(stream)
+        try:
+            yield from self._serve(stream, request_iterator, context)
+        except grpc.RpcError:
+            if not stream.cancelled:  # cancelled by the watchdog: end quietly; anything else is gRPC's
+                raise
+        finally:
+            with self._lock:
+                self._streams.discard(stream)
+            if stream.slots:
+                slots, name = stream.slots, stream.name
+
+                def release() -> None:  # the actor counts as connected until its slots are free again
+                    dropped = self.release(slots) or 0
+                    self.slots.free(slots)
+                    self.stats.connected(-1, -len(slots))
+                    with self._lock:
+                        self._unreleased[name] -= 1
+                        if self._unreleased[name] <= 0:
+                            del self._unreleased[name]
+                        self._dropped[name] = self._dropped.pop(name, 0) + dropped
+                        while len(self._dropped) > _MAX_ENDED_NAMES:  # names nobody asks for (remote actors)
+                            self._dropped.popitem(last=False)
+
+                self.batcher.call_soon(release)
+
+    def _serve(self, stream: _Stream, request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
         if not self._authorized(context):
             self.stats.count("refused_unauthenticated")
             context.abort(grpc.StatusCode.UNAUTHENTICATED,
@@ -203,40 +328,36 @@ class SeedServer:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                           f"the learner has no {hello.num_envs} free env slots (at most {MAX_ENV_SLOTS} envs over "
                           "all actors): start this actor with fewer --num-envs")
-        session = next(self._sessions)
-        env_seed = int(np.random.SeedSequence((self.base_seed, session)).generate_state(1)[0])
         expected = np.asarray(slots, dtype=np.int64)
         with self._lock:
-            self._open_envs += len(slots)
+            life = self._lives[slots[0]]
+            self._lives[slots[0]] += 1
+            stream.name, stream.slots = hello.actor_name, slots
+            stream.idle_since = time.monotonic()
+            self._unreleased[stream.name] += 1
         self.stats.connected(1, len(slots))
-        try:
-            yield seed_pb2.LearnerMessage(welcome=seed_pb2.Welcome(
-                env_ids=slots, env_config_json=self.env_config_json, env_seed=env_seed))
-            for message in request_iterator:
-                steps = self._decode_step(message, expected, context)
-                pending = self.batcher.submit(steps, len(slots))
-                while not pending.wait(_POLL_S):
-                    if self._closing.is_set() or not context.is_active():
-                        return
-                if pending.error is not None:
-                    if self._closing.is_set() or self.batcher.closed:
-                        return
-                    context.abort(grpc.StatusCode.INTERNAL, f"the learner failed to act: {pending.error!r}")
-                reply = seed_pb2.LearnerMessage()
-                wire.encode(pending.result, reply.actions.action)
-                yield reply
-                if self._closing.is_set():
-                    return
-        finally:
+        yield seed_pb2.LearnerMessage(welcome=seed_pb2.Welcome(
+            env_ids=slots, env_config_json=self.env_config_json,
+            env_seed=actor_env_seed(self.base_seed, slots[0], life)))
+        for message in request_iterator:
+            steps = self._decode_step(message, expected, context)
             with self._lock:
-                self._open_envs -= len(slots)
-
-            def release() -> None:  # the actor counts as connected until its slots are free again
-                self.release(slots)
-                self.slots.free(slots)
-                self.stats.connected(-1, -len(slots))
-
-            self.batcher.call_soon(release)
+                stream.waiting, stream.late = True, False
+            pending = self.batcher.submit(steps, len(slots))
+            while not pending.wait(_POLL_S):
+                if self._closing.is_set() or not context.is_active():
+                    return
+            with self._lock:
+                stream.waiting, stream.idle_since = False, time.monotonic()
+            if pending.error is not None:
+                if self._closing.is_set() or self.batcher.closed:
+                    return
+                context.abort(grpc.StatusCode.INTERNAL, f"the learner failed to act: {pending.error!r}")
+            reply = seed_pb2.LearnerMessage()
+            wire.encode(pending.result, reply.actions.action)
+            yield reply
+            if self._closing.is_set():
+                return
 
     def _authorized(self, context: grpc.ServicerContext) -> bool:
         for key, value in context.invocation_metadata():
