@@ -96,8 +96,8 @@ class EnvCfg:
     max_env_errors: int = 10
     """An env that raises is reset and logged up to this many times per run, then the run stops."""
     max_restarts: int = 10
-    """Worker processes (env workers, executors, agents, actors) that die are restarted, their envs re-seeded,
-    up to this many times per run; one more death stops the run with an error (0: never restart)."""
+    """Worker processes (env workers, executors, agents, actors, IMPACT workers) that die are restarted, their
+    envs re-seeded, up to this many times per run; one more death stops the run with an error (0: never)."""
 
     def __post_init__(self) -> None:
         _positive(self, "num_envs", "num_workers", "frame_stack", "frame_skip", "max_env_errors")
