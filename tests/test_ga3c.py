@@ -77,12 +77,12 @@ def test_every_agent_request_gets_exactly_its_own_answer():
 
     def predictor() -> None:
         while not stop.is_set():
-            ids = channels.take_requests(16, 0.05)
+            ids, seqs = channels.take_numbered(16, 0.05)
             if len(ids):
                 obs = channels["obs"][ids]
                 batch_sizes.append(len(ids))
                 # The answer is a function of the request: agent * 10^6 + sequence number.
-                channels.answer(ids, (obs[:, 0] * 1e6 + obs[:, 1]).astype(np.int64), obs[:, 1], obs[:, 0], 7)
+                channels.answer(ids, (obs[:, 0] * 1e6 + obs[:, 1]).astype(np.int64), obs[:, 1], obs[:, 0], 7, seqs)
 
     failures: list[str] = []
 
@@ -202,10 +202,10 @@ def test_agent_writes_time_major_segments_and_the_last_observation_of_a_cut_epis
     def predictor() -> None:  # version = requests answered so far; action = its parity
         answered = 0
         while not stop.is_set():
-            ids = channels.take_requests(4, 0.05)
+            ids, seqs = channels.take_numbered(4, 0.05)
             if len(ids):
                 channels.answer(ids, np.full(len(ids), answered % 2), np.full(len(ids), -0.5), np.zeros(len(ids)),
-                                answered)
+                                answered, seqs)
                 answered += len(ids)
 
     answering = threading.Thread(target=predictor)
@@ -254,9 +254,9 @@ def test_agent_processes_resize_at_run_time_without_deadlock_or_leaks():
 
     def predictor(stop: threading.Event, serial: int) -> None:
         while not stop.is_set():
-            ids = channels.take_requests(8, 0.05)
+            ids, seqs = channels.take_numbered(8, 0.05)
             if len(ids):
-                channels.answer(ids, rng.integers(0, 2, len(ids)), np.zeros(len(ids)), np.zeros(len(ids)), 0)
+                channels.answer(ids, rng.integers(0, 2, len(ids)), np.zeros(len(ids)), np.zeros(len(ids)), 0, seqs)
 
     def trainer(stop: threading.Event, serial: int) -> None:
         while (slots := channels.take_segments(batch, stop.is_set)) is not None:

@@ -10,6 +10,16 @@ threads take ``min_train_batch`` segments at a time and update the model
 ``autotune_interval`` seconds and keeps the move only if TPS rose
 (``conveyor.autotune``).
 
+An agent process that dies (killed, or its env fails to build) is noticed
+by the main loop within 0.1 s and restarted with the same id, its episodes
+going on from the id's next episode seed; the segment it was writing is
+dropped (never trained on, never in ``env_steps``; counted in the summary's
+``dropped_steps``), its slot goes back to the free pool, and each restart is
+counted in ``restarts``. Past ``--max-restarts`` restarts the run stops with
+``WorkerFailure`` (``conveyor.transport.ga3c_queues`` has the mechanics).
+Steps that agents stopped on purpose (autotune, the end of the run) had
+half-written are reported as ``ga3c.abandoned_steps``.
+
 Sharing one model between threads takes three locks:
 
 - ``update_lock``: one trainer updates at a time. Trainers share ``.grad``,
@@ -84,13 +94,14 @@ def run(cfg: RunCfg) -> dict[str, Any]:
         channels = run.closing(Channels(channel_specs(obs_space.shape, obs_space.dtype, model.policy.action_shape(),
                                                       action_dtype, 2 * high.agents, num_segments, arch.unroll),
                                         num_segments))
-        agents = run.closing(AgentPool(channels, cfg.to_dict(), cfg.seed))
+        agents = run.closing(AgentPool(channels, cfg.to_dict(), cfg.seed, max_restarts=cfg.env.max_restarts,
+                                       on_restart=tel.add_restart, ending=run.stop_event.is_set))
         update_lock, params_lock, gather_lock = threading.Lock(), threading.Lock(), threading.Lock()
 
         def predict(stop: threading.Event, serial: int) -> None:
             generator = torch.Generator(device=device).manual_seed(cfg.seed * 1000 + serial)
             while not stop.is_set():
-                ids = channels.take_requests(arch.max_predict_batch, 0.1)
+                ids, seqs = channels.take_numbered(arch.max_predict_batch, 0.1)
                 if not len(ids):
                     continue
                 with run.timer("act"):
@@ -99,7 +110,7 @@ def run(cfg: RunCfg) -> dict[str, Any]:
                         version = learner.version
                         act = policy_step(model, obs, generator)
                     channels.answer(ids, act.actions.cpu().numpy(), act.logp.cpu().numpy(),
-                                    act.value.cpu().numpy(), version)
+                                    act.value.cpu().numpy(), version, seqs)
                 tel.count("predictions", len(ids))
                 tel.count("predict_batches")
 
@@ -155,7 +166,8 @@ def run(cfg: RunCfg) -> dict[str, Any]:
                 raise group.error
         if history:
             plot_history(history, run.out / "autotune.png")
-        return run.finish(learner, ga3c={**meter.summary(), "final_counts": counts, "autotune": history})
+        return run.finish(learner, ga3c={**meter.summary(), "final_counts": counts, "autotune": history,
+                                         "abandoned_steps": agents.abandoned_steps})
 
 
 class Meter:
@@ -182,7 +194,7 @@ class Meter:
 
     def sample(self) -> None:
         tel, channels = self.run.telemetry, self.channels
-        lengths = {"prediction_queue": len(channels.requests), "training_queue": len(channels.full_segments)}
+        lengths = {"prediction_queue": len(channels.requests), "training_queue": channels.queued_segments()}
         for name, length in lengths.items():
             self.queue_sums[name] += length
             tel.gauge(name, length)
