@@ -5,3 +5,8 @@ class WorkerFailure(RuntimeError):
     """A worker, executor, agent or actor process died, or envs raised more often than
     ``--max-env-errors``. The message names the part (index, pid, envs, exit reason); the run
     writes a checkpoint before it stops, so ``--resume`` continues from there."""
+
+
+class WorkerDied(WorkerFailure):
+    """A process died (killed, crashed), as opposed to one that reported an error it cannot get past: a
+    process that hosts it may treat this as its own death, so that it is restarted in turn."""

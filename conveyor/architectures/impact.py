@@ -18,6 +18,14 @@ update: lag histogram, one optimizer step; every ``target_update_interval``
 updates the target network copies the learner, every ``--broadcast-interval``
 updates the learner publishes its weights.
 
+Dead workers: ``Workers`` notices a worker process that died while the
+learner waits for a batch or hands a slot back, and restarts it (same
+index, fresh env seeds, newest weights) up to ``--max-restarts`` times per
+run. Batches it had sent are kept; the one it was writing is dropped and
+its slot reused. Each restart is counted (``restarts``, ``dropped_steps``
+in the summary); ``env_steps`` counts only batches put into the buffer.
+Past the limit the run stops with ``WorkerFailure`` naming the worker.
+
 Presets: ``appo`` is K = 1 without target network (the target log-probs are
 the worker's, so the IMPACT ratio is PPO's ratio to the worker);
 ``impala`` is the same with the V-trace loss.
@@ -34,6 +42,7 @@ from typing import Any
 import torch
 
 from conveyor.config import ConfigError, RunCfg
+from conveyor.errors import WorkerFailure
 from conveyor.envs import env_spaces
 from conveyor.models import make_model
 from conveyor.run import Run
@@ -54,7 +63,8 @@ def run(cfg: RunCfg) -> dict[str, Any]:
         pool = run.closing(SharedArrays(pool_specs(cfg, obs_space, action_space)))
         params = run.closing(ParamBlock(model))
         params.publish(model, learner.version)
-        workers = run.closing(Workers(cfg, pool, params))
+        workers = run.closing(Workers(cfg, pool, params, max_restarts=cfg.env.max_restarts,
+                                      on_restart=run.telemetry.add_restart, stopping=run.stop_event.is_set))
         buffer = CircularBuffer(arch.buffer_batches, arch.replay_times, learner.device)
         worker_versions = [-1] * cfg.env.num_workers
 
@@ -70,24 +80,23 @@ def run(cfg: RunCfg) -> dict[str, Any]:
 
         while not run.should_stop():
             if buffer.needs_batch():
-                with run.timer("wait"):
-                    try:
-                        slot = workers.next_slot(POLL_S)
-                    except RuntimeError:
-                        if run.stop_event.is_set():  # a SIGTERM to the process group also ended the workers
-                            break
-                        raise
-                if slot is None:
-                    continue
-                buffer.put({name: pool[name][slot] for name in BATCH_FIELDS})
-                returns, (env_s, act_s) = pool["episode_return"][slot].copy(), pool["seconds"][slot]
-                worker = slot // SLOTS_PER_WORKER
-                worker_versions[worker] = int(pool["policy_version"][slot].max())
-                workers.release(slot)
-                run.telemetry.add_time("env", env_s)
-                run.telemetry.add_time("act", act_s)
-                run.telemetry.env_errors = int(pool["env_errors"].sum())
-                run.record_env_step(returns.size, returns.reshape(-1))
+                try:
+                    with run.timer("wait"):
+                        slot = workers.next_slot(POLL_S)  # restarts dead workers (their partial batches dropped)
+                    if slot is None:
+                        continue
+                    buffer.put({name: pool[name][slot] for name in BATCH_FIELDS})
+                    returns, (env_s, act_s) = pool["episode_return"][slot].copy(), pool["seconds"][slot]
+                    worker_versions[slot // SLOTS_PER_WORKER] = int(pool["policy_version"][slot].max())
+                    run.telemetry.add_time("env", env_s)
+                    run.telemetry.add_time("act", act_s)
+                    run.telemetry.env_errors = int(pool["env_errors"].sum())
+                    run.record_env_step(returns.size, returns.reshape(-1))  # only batches put count as env steps
+                    workers.release(slot)
+                except WorkerFailure:
+                    if run.stop_event.is_set():  # a SIGTERM to the process group also ended the workers
+                        break
+                    raise
                 continue
             with run.timer("learn"):
                 batch, _ = buffer.take(attach_target if cfg.algo.name == "impact" else None)

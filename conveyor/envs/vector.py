@@ -40,7 +40,7 @@ import gymnasium as gym
 import numpy as np
 
 from conveyor.config import ConfigError, EnvCfg
-from conveyor.errors import WorkerFailure
+from conveyor.errors import WorkerDied, WorkerFailure
 from conveyor.envs.history import EnvHistory
 from conveyor.envs.make import env_spaces
 from conveyor.envs.shm_worker import (
@@ -356,8 +356,8 @@ class ShmVectorEnv:
             code = worker.process.wait(timeout=1.0)
         except subprocess.TimeoutExpired:  # its pipe closed but the process lingers
             code = None
-        return self._fail(WorkerFailure(f"{worker.describe()} of {self.cfg.id!r} died while {action} "
-                                        f"({exit_reason(code)}); see its output above"))
+        return self._fail(WorkerDied(f"{worker.describe()} of {self.cfg.id!r} died while {action} "
+                                     f"({exit_reason(code)}); see its output above"))
 
     def _message(self, worker: _Worker) -> str:
         raw = self._shared["message"][worker.index].tobytes()

@@ -8,6 +8,43 @@ the learner copies the batch into its circular buffer and hands the slot
 back. Between batches a worker loads the newest parameters from the
 ``ParamBlock`` when their version has moved. Nothing is pickled; a closed
 pipe tells either side the other has gone.
+
+Slot ownership. A slot belongs either to its worker (free, or being filled)
+or to the learner (sent, not yet handed back: ``Workers.held``). A worker
+sends a slot only once every field of its S steps is written, so the
+learner never reads a half-written batch. While filling, the worker keeps
+``slot_steps[slot]`` at the number of steps written; the learner zeroes it
+when the slot arrives.
+
+Deaths and restarts. A worker that dies (killed, crashed: its reply pipe
+reaches end of file, or ``poll`` finds its process gone) is noticed at the
+learner's next ``next_slot`` or ``release`` (within ``POLL_S`` while the
+learner waits for batches); its env worker sees its pipes close and exits
+by itself. ``Workers`` then reaps it, takes any slots it
+had sent before dying (complete batches), and drops what it had half
+written: every slot of that worker the learner does not hold goes back to
+the free pool, and its ``slot_steps`` (times the worker's envs) are reported
+as dropped transitions (``on_restart(dropped_steps)``; never counted in
+``env_steps``, never trained on). A new process takes the same worker index
+and those free slots, and reads the newest published weights before its
+first step. A worker whose own env worker died exits (``DIED_EXIT``) and
+is restarted the same way; a worker that *reports* a failure (it raised:
+an env's observation shape changed, too many env errors) is not
+restarted: the run stops with its message.
+
+Seeds. Life ``r`` of worker ``i`` (r = 0 the first start, r = 1 its first
+restart, ...) steps the envs that worker ``r * W + i`` of a run with
+``r + 1`` times as many workers would: its vector env is seeded
+``cfg.seed + (r * W + i) * E`` (E = envs per worker). No two lives of any
+workers share an env seed, so a restart does not replay the episodes
+(episode seeds) of an earlier life, and a rerun restarts the same way. Its action sampler is seeded from
+``SeedSequence([cfg.seed, i])`` (r = 0) or ``SeedSequence([cfg.seed, i, r])``.
+
+Limit. ``max_restarts`` counts restarts over all workers of the run (the
+architecture passes ``cfg.env.max_restarts``; the default here, 0, never
+restarts). The death that would need one more restart, or any death while
+the run is stopping, raises ``WorkerFailure`` naming the worker, its pid,
+envs and exit reason.
 """
 
 from __future__ import annotations
@@ -22,7 +59,8 @@ import sys
 import time
 import traceback
 from collections import deque
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, Callable
 
 import gymnasium as gym
 import numpy as np
@@ -30,9 +68,10 @@ import torch
 
 from conveyor.acting import policy_step, step_targets
 from conveyor.config import RunCfg
-from conveyor.errors import WorkerFailure
+from conveyor.errors import WorkerDied, WorkerFailure
 from conveyor.envs import make_vector_env
 from conveyor.envs.shm_worker import MESSAGE_BYTES, write_message
+from conveyor.envs.vector import exit_reason
 from conveyor.models import make_model
 from conveyor.transport.params import ParamBlock
 from conveyor.transport.shm import ArraySpec, SharedArrays, reap, start_child
@@ -40,10 +79,13 @@ from conveyor.transport.shm import ArraySpec, SharedArrays, reap, start_child
 SLOTS_PER_WORKER = 2
 """A worker fills one slot while the learner may still hold its other one."""
 FATAL = 255
+DIED_EXIT = 3
+"""Exit code of a worker whose own env worker died: a death, restarted like any other."""
 """Reply byte of a worker that failed (its message row says why); other bytes name a ready slot."""
 _WORKER_ENTRY = "from conveyor.transport.impact_workers import worker_main; worker_main()"
 POLL_S = 0.2
 _CLOSE_GRACE_S = 5.0
+_FIX = "raise --max-restarts, or see the worker's error above"
 
 
 def pool_specs(cfg: RunCfg, obs_space: gym.Space, action_space: gym.Space) -> list[ArraySpec]:
@@ -57,12 +99,20 @@ def pool_specs(cfg: RunCfg, obs_space: gym.Space, action_space: gym.Space) -> li
         ArraySpec("policy_version", (slots, S, E), "int64"),
         ArraySpec("episode_return", (slots, S, E), "float64"),
         ArraySpec("seconds", (slots, 2), "float64"),  # the batch's env and act time
+        ArraySpec("slot_steps", (slots,), "int64"),  # steps written into a slot its worker is filling
         ArraySpec("env_errors", (cfg.env.num_workers,), "int64"),
         ArraySpec("message", (cfg.env.num_workers, MESSAGE_BYTES), "uint8"),
     ]
 
 
 BATCH_FIELDS = ("obs", "actions", "rewards", "discounts", "behaviour_logp", "policy_version")
+
+
+def worker_seeds(cfg: RunCfg, index: int, life: int) -> tuple[int, int]:
+    """(vector-env seed, action-sampler seed) of life ``life`` of worker ``index`` (see the module docstring)."""
+    env_seed = cfg.seed + (life * cfg.env.num_workers + index) * cfg.env.envs_per_worker
+    entropy = [cfg.seed, index, life] if life else [cfg.seed, index]
+    return env_seed, int(np.random.SeedSequence(entropy).generate_state(1)[0])
 
 
 # ---- worker process ----------------------------------------------------------------------------
@@ -76,8 +126,13 @@ def worker_main() -> None:
                         spec["pool_fd"])
     try:
         collect(spec, pool)
+    except WorkerDied as death:  # our env worker died: die too (no FATAL report), so the learner restarts us
+        print(f"conveyor impact worker {spec['index']}: {death}", file=sys.stderr, flush=True)
+        sys.exit(DIED_EXIT)
     except Exception:
-        write_message(pool["message"][spec["index"]], traceback.format_exc())
+        error = traceback.format_exc()
+        print(f"conveyor impact worker {spec['index']}:\n{error}", file=sys.stderr, flush=True)
+        write_message(pool["message"][spec["index"]], error)
         try:
             os.write(spec["reply_fd"], bytes([FATAL]))
         except OSError:
@@ -90,21 +145,23 @@ def collect(spec: dict[str, Any], pool: SharedArrays) -> None:
     """Fill free slots with S-step batches until the learner closes the command pipe."""
     cfg, index = RunCfg.from_dict(spec["cfg"]), spec["index"]
     E, S = cfg.env.envs_per_worker, cfg.arch.worker_batch
-    venv = make_vector_env(dataclasses.replace(cfg.env, num_envs=E, num_workers=1), cfg.seed + index * E)
+    env_seed, sampler_seed = worker_seeds(cfg, index, spec["life"])
+    venv = make_vector_env(dataclasses.replace(cfg.env, num_envs=E, num_workers=1), env_seed)
     try:
         model = make_model(cfg.model, venv.single_observation_space, venv.single_action_space)
         params = ParamBlock(model, spec["params_fd"])
-        version = params.read_into(model)
+        version = params.read_into(model)  # a restarted worker acts with the newest weights from its first step
         space = venv.single_action_space
         bounds = None if model.policy.discrete else (space.low, space.high)
-        seed = int(np.random.SeedSequence([cfg.seed, index]).generate_state(1)[0])
-        sampler = torch.Generator().manual_seed(seed)
-        free = FreeSlots(spec["command_fd"], range(index * SLOTS_PER_WORKER, (index + 1) * SLOTS_PER_WORKER))
+        sampler = torch.Generator().manual_seed(sampler_seed)
+        free = FreeSlots(spec["command_fd"], index * SLOTS_PER_WORKER, spec["free"])
+        slot_steps = pool["slot_steps"]
         obs = torch.as_tensor(venv.reset())
         while (slot := free.next()) is not None:
             if params.version > version:
                 version = params.read_into(model)
             batch = {name: pool[name][slot] for name in (*BATCH_FIELDS, "episode_return")}
+            slot_steps[slot] = 0
             env_s = act_s = 0.0
             for t in range(S):
                 start = time.perf_counter()
@@ -119,6 +176,7 @@ def collect(spec: dict[str, Any], pool: SharedArrays) -> None:
                                     ("rewards", rewards), ("discounts", discounts), ("policy_version", version),
                                     ("episode_return", step.episode_return)):
                     batch[name][t] = value
+                slot_steps[slot] = t + 1
                 obs = torch.as_tensor(step.obs)
                 env_s += stepped - started_env
                 act_s += time.perf_counter() - stepped + started_env - start
@@ -126,19 +184,20 @@ def collect(spec: dict[str, Any], pool: SharedArrays) -> None:
                     return
             batch["obs"][S] = obs
             pool["seconds"][slot] = (env_s, act_s)
-            pool["env_errors"][index] = venv.env_errors
-            os.write(spec["reply_fd"], bytes([slot - index * SLOTS_PER_WORKER]))
+            pool["env_errors"][index] = spec["env_errors_base"] + venv.env_errors
+            os.write(spec["reply_fd"], bytes([slot - index * SLOTS_PER_WORKER]))  # the slot is the learner's now
     finally:
         venv.close()
 
 
 class FreeSlots:
-    """A worker's free slots; the learner returns each slot as one byte (its local index) on the command pipe,
-    and closes the pipe to stop the worker (or the pipe closes because the learner died)."""
+    """A worker's free slots (global indices, starting with ``free``); the learner returns each slot as one
+    byte (its index minus ``first``) on the command pipe, and closes the pipe to stop the worker (or the pipe
+    closes because the learner died)."""
 
-    def __init__(self, command_fd: int, slots: range):
-        self.fd, self.first = command_fd, slots.start
-        self.free = deque(slots)
+    def __init__(self, command_fd: int, first: int, free: Iterable[int]):
+        self.fd, self.first = command_fd, first
+        self.free = deque(free)
         self.open = True
         self.poller = select.poll()
         self.poller.register(command_fd, select.POLLIN)
@@ -160,80 +219,155 @@ class FreeSlots:
 
 # ---- learner side ------------------------------------------------------------------------------
 class Workers:
-    """Starts the W worker processes and passes slot indices: ready ones in, free ones back."""
+    """Starts the W worker processes and passes slot indices: ready ones in, free ones back; restarts workers
+    that die, up to ``max_restarts`` in all, calling ``on_restart(dropped_steps)`` for each restart.
 
-    def __init__(self, cfg: RunCfg, pool: SharedArrays, params: ParamBlock):
-        self.pool = pool
-        self.processes: list[subprocess.Popen] = []
-        self.command_fds: list[int] = []
+    ``stopping()`` true means the run is ending: a death then raises instead of restarting (a SIGTERM to the
+    process group ends the workers too).
+    """
+
+    def __init__(self, cfg: RunCfg, pool: SharedArrays, params: ParamBlock, *, max_restarts: int = 0,
+                 on_restart: Callable[[int], Any] | None = None, stopping: Callable[[], bool] | None = None):
+        self.cfg, self.pool, self.params = cfg, pool, params
+        self.max_restarts = max_restarts
+        self.on_restart = on_restart or (lambda dropped_steps: None)
+        self.stopping = stopping or (lambda: False)
+        count = cfg.env.num_workers
+        self.processes: list[subprocess.Popen | None] = [None] * count
+        self.command_fds: list[int] = [-1] * count
         self.reply_fds: dict[int, int] = {}  # reply fd -> worker index
+        self.lives = [0] * count
+        """Restarts of each worker so far (its current life)."""
+        self.restarts = 0
+        self.delivered = [False] * count
+        """Whether each worker's current process has sent a batch (else it may still be starting up)."""
+        self.held: set[int] = set()
+        """Slots the learner holds: sent by their worker, not yet released."""
         self.poller = select.poll()
         self.ready: deque[int] = deque()
         try:
-            for index in range(cfg.env.num_workers):
-                self._start(index, cfg, params)
+            for index in range(count):
+                self._start(index)
         except BaseException:
             self.close()
             raise
 
-    def _start(self, index: int, cfg: RunCfg, params: ParamBlock) -> None:
+    def _slots(self, index: int) -> range:
+        return range(index * SLOTS_PER_WORKER, (index + 1) * SLOTS_PER_WORKER)
+
+    def _start(self, index: int) -> None:
         command_read, command_write = os.pipe()
         reply_read, reply_write = os.pipe()
-        process = start_child(_WORKER_ENTRY, (self.pool.fd, params.fd, command_read, reply_write))
+        process = start_child(_WORKER_ENTRY, (self.pool.fd, self.params.fd, command_read, reply_write))
         os.close(command_read)
         os.close(reply_write)
-        self.processes.append(process)
-        self.command_fds.append(command_write)
+        self.processes[index] = process
+        self.delivered[index] = False
+        self.command_fds[index] = command_write
         self.reply_fds[reply_read] = index
         self.poller.register(reply_read, select.POLLIN)
-        spec = {"index": index, "cfg": cfg.to_dict(), "sys_path": sys.path, "pool_fd": self.pool.fd,
-                "pool": [list(s) for s in self.pool.specs], "params_fd": params.fd,
-                "command_fd": command_read, "reply_fd": reply_write}
+        spec = {"index": index, "life": self.lives[index], "cfg": self.cfg.to_dict(), "sys_path": sys.path,
+                "pool_fd": self.pool.fd, "pool": [list(s) for s in self.pool.specs], "params_fd": self.params.fd,
+                "command_fd": command_read, "reply_fd": reply_write,
+                "free": [slot for slot in self._slots(index) if slot not in self.held],
+                "env_errors_base": int(self.pool["env_errors"][index])}
         try:
             process.stdin.write(json.dumps(spec).encode())
             process.stdin.close()
         except BrokenPipeError:
-            pass  # it died at start; next_slot reports it
+            pass  # it died at start; next_slot notices
 
     def next_slot(self, timeout_s: float) -> int | None:
-        """The oldest ready slot, waiting up to ``timeout_s``; None if none came. Raises if a worker died."""
+        """The oldest ready slot, waiting up to ``timeout_s``; None if none came. Restarts dead workers;
+        raises ``WorkerFailure`` if a worker failed or a restart is not allowed."""
         if not self.ready:
             events = self.poller.poll(int(timeout_s * 1000))
             for fd, _ in events:
                 index = self.reply_fds[fd]
-                data = os.read(fd, 64)
-                if not data or FATAL in data:
-                    raise self._died(index)
-                self.ready.extend(index * SLOTS_PER_WORKER + local for local in data)
+                if not self._receive(index, os.read(fd, 64)):
+                    self._restart(index)
             if not events:
                 for index, process in enumerate(self.processes):
-                    if process.poll() is not None:
-                        raise self._died(index)
+                    if process is not None and process.poll() is not None:
+                        self._restart(index)
         return self.ready.popleft() if self.ready else None
 
     def release(self, slot: int) -> None:
+        """Hand ``slot`` back to its worker (to a restarted one if its worker died meanwhile)."""
         index, local = divmod(slot, SLOTS_PER_WORKER)
+        self.held.discard(slot)
         try:
             os.write(self.command_fds[index], bytes([local]))
         except BrokenPipeError:
-            raise self._died(index) from None
+            self._restart(index)  # the slot is free again: the new process starts with it
 
-    def _died(self, index: int) -> WorkerFailure:
+    def _receive(self, index: int, data: bytes) -> bool:
+        """Queue the ready slots named in ``data`` (from worker ``index``); False at end of file."""
+        if FATAL in data:
+            self._reap(index)
+            raise self._failure(index, "failed", "; see its traceback above")
+        self.delivered[index] = self.delivered[index] or bool(data)
+        for local in data:
+            slot = index * SLOTS_PER_WORKER + local
+            self.pool["slot_steps"][slot] = 0
+            self.held.add(slot)
+            self.ready.append(slot)
+        return bool(data)
+
+    def _reap(self, index: int) -> None:
         process = self.processes[index]
         try:
-            code: Any = process.wait(timeout=1.0)
-        except subprocess.TimeoutExpired:
-            code = "still running"
+            process.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:  # its pipe closed but the process lingers: finish it
+            process.kill()
+            process.wait()
+
+    def _restart(self, index: int) -> None:
+        """Worker ``index`` died: keep the batches it sent, drop what it half wrote, start a new process."""
+        self._reap(index)
+        reply_fd = next(fd for fd, owner in self.reply_fds.items() if owner == index)
+        while self._receive(index, os.read(reply_fd, 64)):  # the writer is gone: this ends at end of file
+            pass
+        unfinished = [slot for slot in self._slots(index) if slot not in self.held]
+        dropped = int(self.pool["slot_steps"][unfinished].sum()) * self.cfg.env.envs_per_worker
+        self.pool["slot_steps"][unfinished] = 0
+        if self.stopping():
+            raise self._failure(index, "died", " while the run was stopping")
+        if self.restarts >= self.max_restarts:
+            limit = ("restarts are off (max_restarts=0)" if not self.max_restarts else
+                     f"the run's {self.restarts} restarts reach max_restarts={self.max_restarts}")
+            raise self._failure(index, "died", f"; {limit}: {_FIX}")
+        self.pool["message"][index] = 0
+        self.poller.unregister(reply_fd)
+        os.close(reply_fd)
+        del self.reply_fds[reply_fd]
+        os.close(self.command_fds[index])
+        self.lives[index] += 1
+        self._start(index)
+        self.restarts += 1
+        self.on_restart(dropped)
+
+    def _failure(self, index: int, verb: str, tail: str = "") -> WorkerFailure:
+        """One line: the worker (index, pid, envs), ``verb`` with its exit reason, its message's last line, ``tail``."""
+        process, E = self.processes[index], self.cfg.env.envs_per_worker
         raw = self.pool["message"][index].tobytes().split(b"\0", 1)[0].decode("utf-8", "replace")
-        return WorkerFailure(f"impact worker {index} (pid {process.pid}) stopped (exit {code}): {raw or 'no message'}")
+        lines = [line.strip() for line in raw.splitlines() if line.strip()]
+        said = f": {lines[-1]}" if lines else ""
+        return WorkerFailure(f"impact worker {index} (pid {process.pid}, envs {index * E}-{index * E + E - 1}) "
+                             f"{verb} ({exit_reason(process.poll())}){said}{tail}")
 
     def close(self) -> None:
-        """Close the command pipes (workers stop at their next step), wait, kill stragglers."""
+        """Close the command pipes (workers stop at their next step; ones still starting up, which would only
+        notice once started, get SIGTERM), wait, kill stragglers."""
         for fd in self.command_fds:
-            os.close(fd)
-        self.command_fds = []
-        reap(self.processes, _CLOSE_GRACE_S)
+            if fd >= 0:
+                os.close(fd)
+        self.command_fds = [-1] * len(self.command_fds)
+        for process, delivered in zip(self.processes, self.delivered):
+            if process is not None and not delivered and process.poll() is None:
+                process.terminate()  # its env worker sees its pipes close and exits too
+        reap([process for process in self.processes if process is not None], _CLOSE_GRACE_S)
         for fd in self.reply_fds:
             os.close(fd)
         self.reply_fds = {}
-        self.processes = []
+        self.processes = [None] * len(self.processes)
