@@ -7,6 +7,8 @@
 - ``BatchRecorder``: records the tags of every transition the learner computes gradients on.
 - ``check_transitions``: asserts no transition was trained on twice and none is missing inside an episode.
 - ``kill_child``: SIGKILLs a child process of this one (an env worker, executor, agent or actor) mid-run.
+- ``train_killing_one``: a run in this process whose ``match`` child is killed after some updates; checks that
+  it was killed, restarted once, and that the run still reached its step count.
 """
 
 from __future__ import annotations
@@ -143,3 +145,18 @@ def kill_child(match: str, when: Callable[[], bool], timeout_s: float = 120.0,
     thread.killed = 0  # type: ignore[attr-defined]
     thread.start()
     return thread
+
+
+def train_killing_one(monkeypatch: Any, cfg: Any, match: str, after_batches: int = 20) -> tuple[dict, BatchRecorder]:
+    """``conveyor.train(cfg)`` while a ``match`` child is SIGKILLed once the learner computed ``after_batches``
+    gradients; asserts the run restarted it once and still stopped at ``total_steps``. Returns the summary and
+    the recorder of trained transitions."""
+    import conveyor
+
+    recorder = BatchRecorder(monkeypatch)
+    killer = kill_child(match, lambda: len(recorder.batches) >= after_batches)
+    summary = conveyor.train(cfg)
+    assert killer.killed, f"no {match} process was killed"
+    assert summary["stop_reason"] == "total_steps reached"
+    assert summary["restarts"] == 1
+    return summary, recorder

@@ -11,7 +11,7 @@ import pytest
 import conveyor
 from conveyor.config import AlgoCfg, ArchCfg, EnvCfg, ModelCfg, RunCfg
 from conveyor.errors import WorkerFailure
-from tests.fault_env import TAGGED_ID, BatchRecorder, check_transitions, children, kill_child
+from tests.fault_env import TAGGED_ID, BatchRecorder, check_transitions, children, kill_child, train_killing_one
 
 ALPHA, ENVS = 5, 4
 
@@ -24,12 +24,7 @@ def tagged_cfg(tmp_path, max_restarts: int = 10, **overrides) -> RunCfg:
 
 
 def test_killed_executor_is_restarted_and_no_transition_is_lost_or_duplicated(monkeypatch, tmp_path):
-    recorder = BatchRecorder(monkeypatch)
-    killer = kill_child("conveyor.transport.state_buffer", lambda: len(recorder.batches) >= 20)
-    summary = conveyor.train(tagged_cfg(tmp_path))
-    assert killer.killed, "no executor was killed"
-    assert summary["stop_reason"] == "total_steps reached"
-    assert summary["restarts"] == 1
+    summary, recorder = train_killing_one(monkeypatch, tagged_cfg(tmp_path), "conveyor.transport.state_buffer")
     assert 0 <= summary["dropped_steps"] <= ALPHA * ENVS // 2
     counts = check_transitions(recorder.transitions)
     # Every counted round but the last (saved in the checkpoint for the delayed update) was learned from.

@@ -10,7 +10,7 @@ import pytest
 import conveyor
 from conveyor.config import AlgoCfg, ArchCfg, EnvCfg, ModelCfg, RunCfg
 from conveyor.errors import WorkerFailure
-from tests.fault_env import TAGGED_ID, BatchRecorder, check_transitions, children, kill_child
+from tests.fault_env import TAGGED_ID, BatchRecorder, check_transitions, children, kill_child, train_killing_one
 
 UNROLL, ENVS = 5, 4
 
@@ -22,12 +22,7 @@ def tagged_cfg(tmp_path, **overrides) -> RunCfg:
 
 
 def test_killed_env_worker_is_restarted_and_only_its_lost_step_dropped(monkeypatch, tmp_path):
-    recorder = BatchRecorder(monkeypatch)
-    killer = kill_child("conveyor.envs.shm_worker", lambda: len(recorder.batches) >= 20)
-    summary = conveyor.train(tagged_cfg(tmp_path))
-    assert killer.killed, "no env worker was killed"
-    assert summary["stop_reason"] == "total_steps reached"
-    assert summary["restarts"] == 1
+    summary, recorder = train_killing_one(monkeypatch, tagged_cfg(tmp_path), "conveyor.envs.shm_worker")
     # The killed worker's 2 envs lose the step they were taking: nothing more, nothing less.
     assert summary["dropped_steps"] == ENVS // 2
     counts = check_transitions(recorder.transitions)
