@@ -161,8 +161,8 @@ def restart_dead_executors(buffer: StateBuffer, actors: Actors, storage: DoubleS
     """Replace every dead executor (see the module docstring); raise ``WorkerFailure`` past ``max_restarts``."""
     for index in buffer.dead_executors():
         death = buffer.death(index)
-        if telemetry.restarts >= max_restarts:
-            raise WorkerFailure(f"{death}; after {telemetry.restarts} restarts: raise --max-restarts "
+        if buffer.restarts >= max_restarts:
+            raise WorkerFailure(f"{death}; after {buffer.restarts} restarts: raise --max-restarts "
                                 f"(now {max_restarts}) or fix what kills it")
         envs = buffer.envs_of(index)
         with actors.paused():
@@ -173,5 +173,5 @@ def restart_dead_executors(buffer: StateBuffer, actors: Actors, storage: DoubleS
             history.start_games(envs)
             buffer.restart(index, episodes, round_index)
         telemetry.add_restart(dropped)
-        print(f"conveyor: {death}; restarted it ({telemetry.restarts} of at most {max_restarts} restarts)",
+        print(f"conveyor: {death}; restarted it ({buffer.restarts} of at most {max_restarts} restarts)",
               file=sys.stderr, flush=True)

@@ -132,8 +132,7 @@ class Run:
         if self.resume_path:
             state = self.resume_state
             learner.restore(state, self.resume_path)
-            self.telemetry.resume_from(int(state.get("env_steps", 0)), int(state.get("episodes", 0)),
-                                       state.get("recent_returns", []))
+            self.telemetry.resume_from(state)
             self._next_checkpoint = self.telemetry.env_steps + (self.cfg.checkpoint_every or 0)
         self._learner = learner
         return learner
@@ -180,8 +179,7 @@ class Run:
         path = self.out / "checkpoints" / f"ckpt-{tel.env_steps:012d}.pt"
         if self._resume_state_fn is not None:
             extra = {**self._resume_state_fn(), **extra}
-        learner.save(path, env_steps=tel.env_steps, episodes=tel.episodes, wall_time_s=tel.wall_time_s,
-                     recent_returns=list(tel.returns), **extra)
+        learner.save(path, **tel.saved_counters(), **extra)
         periodic = sorted((self.out / "checkpoints").glob("ckpt-*.pt"))
         for old in periodic[: max(0, len(periodic) - self.cfg.keep_checkpoints)]:
             old.unlink()

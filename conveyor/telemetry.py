@@ -63,13 +63,22 @@ class Telemetry:
 
             self._tb = SummaryWriter(str(self.out_dir / "tb"))
 
-    def resume_from(self, env_steps: int, episodes: int, recent_returns: list[float] = ()) -> None:
-        """Continue the counters of a resumed run (and its last-100 returns, which stop a run at its target);
-        its SPS counts only the steps taken from here."""
+    def resume_from(self, state: dict[str, Any]) -> None:
+        """Continue the counters a checkpoint saved (``saved_counters()``; its last-100 returns stop a run at its
+        target); SPS counts only the steps taken from here."""
         with self._lock:
-            self.env_steps = self._start_steps = self._last_log_steps = env_steps
-            self.episodes = episodes
-            self.returns.extend(recent_returns)
+            self.env_steps = self._start_steps = self._last_log_steps = int(state.get("env_steps", 0))
+            self.episodes = int(state.get("episodes", 0))
+            self.restarts = int(state.get("restarts", 0))
+            self.dropped_steps = int(state.get("dropped_steps", 0))
+            self.returns.extend(state.get("recent_returns", []))
+
+    def saved_counters(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the telemetry (``resume_from`` reads it back)."""
+        with self._lock:
+            return {"env_steps": self.env_steps, "episodes": self.episodes, "wall_time_s": self.wall_time_s,
+                    "restarts": self.restarts, "dropped_steps": self.dropped_steps,
+                    "recent_returns": list(self.returns)}
 
     # ---- recording -----------------------------------------------------------------------
     def add_restart(self, dropped_steps: int = 0, restarts: int = 1) -> None:

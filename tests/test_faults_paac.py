@@ -30,6 +30,9 @@ def test_killed_env_worker_is_restarted_and_only_its_lost_step_dropped(monkeypat
     # Cut episodes: at most the ones running at the end plus the two the kill cut short.
     assert counts["episodes"] - counts["complete_episodes"] <= ENVS + 2
     assert not children()
+    # The run's restart count and dropped steps live on through a resume.
+    resumed = conveyor.train(tagged_cfg(tmp_path, total_steps=7000, resume=str(tmp_path)))
+    assert (resumed["restarts"], resumed["dropped_steps"]) == (1, ENVS // 2)
 
 
 def test_killed_env_worker_past_max_restarts_stops_the_run(monkeypatch, tmp_path):

@@ -181,6 +181,8 @@ class StateBuffer:
         self._executors: list[_Executor] = []
         self._owner = np.repeat(np.arange(workers), cfg.envs_per_worker)
         self._incarnation = np.zeros(workers, np.int64)
+        self.restarts = 0
+        """Executors replaced so far."""
         self._finalizer = weakref.finalize(self, _shutdown, self._executors, (self._ready_fd, self._ready_write),
                                            self.shared)
         episodes = start.next_episode if start is not None else np.zeros(B, np.int64)
@@ -264,6 +266,7 @@ class StateBuffer:
         reap([old.process], _CLOSE_GRACE_S)
         self.shared["message"][index] = 0
         self._incarnation[index] += 1
+        self.restarts += 1
         self._executors[index] = self._start_executor(index, episodes, (), round_index, True)
 
     def check_executors(self) -> None:
