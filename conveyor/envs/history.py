@@ -37,42 +37,63 @@ class EnvHistory:
         """[B] index of the episode each env's next reset starts (the worker's counter, mirrored)."""
         self.game_episode = np.full(num_envs, -1, np.int64)
         """[B] index of the seeded reset that began each env's current game (-1: not started)."""
-        self._actions: list[list] = [[] for _ in range(num_envs)]  # per env, since its game began
-        self._boundaries: list[list[bool]] = [[] for _ in range(num_envs)]
+        # Steps since the oldest running game began, one [B] row each (a row per step keeps ``record`` cheap:
+        # it runs every step). An env's game began at step _game_start[env]; _first is the number of _steps[0].
+        self._actions: list[np.ndarray] = []
+        self._done: list[np.ndarray] = []
+        self._game_start = np.zeros(num_envs, np.int64)
+        self._first = 0
+        # Per env, the part of its game recorded before a resume (``from_state``), until the game ends.
+        self._restored: list[tuple[list, list]] = [([], [])] * num_envs
 
     def start_games(self, envs: Any) -> None:
         """``envs`` (indices or a [B] mask) were reset with a seed: each starts a new game now."""
-        for env in np.arange(self.num_envs)[envs].tolist():
-            self.game_episode[env] = self.next_episode[env]
-            self.next_episode[env] += 1
-            self._actions[env], self._boundaries[env] = [], []
+        self._begin(np.arange(self.num_envs)[envs], self.next_episode[envs])
+        self.next_episode[envs] += 1
 
     def record(self, actions: np.ndarray, done: np.ndarray, new_game: np.ndarray) -> None:
-        """One step of every env: ``actions [B, ...]``; ``done [B]`` the episode ended and the env was reset;
-        ``new_game [B]`` that reset was a seeded one (not a continued game)."""
-        done = np.asarray(done, bool)
-        for env, (action, ended) in enumerate(zip(np.asarray(actions).tolist(), done.tolist())):
-            self._actions[env].append(action)
-            self._boundaries[env].append(ended)
-        self.next_episode += done
-        for env in np.flatnonzero(done & np.asarray(new_game, bool)).tolist():
-            self.game_episode[env] = self.next_episode[env] - 1
-            self._actions[env], self._boundaries[env] = [], []
+        """One step of every env: ``actions [B, ...]`` (copied); ``done [B]`` bool, the episode ended and the env
+        was reset (kept: do not modify it afterwards); ``new_game [B]`` that reset was a seeded one, not a
+        continued game (read only where ``done``)."""
+        self._actions.append(actions.copy())
+        self._done.append(done)
+        if done.any():
+            self.next_episode += done
+            started = done & new_game
+            if started.any():
+                self._begin(np.flatnonzero(started), self.next_episode[started] - 1)
+
+    def _begin(self, envs: np.ndarray, episodes: np.ndarray) -> None:
+        self.game_episode[envs] = episodes
+        self._game_start[envs] = self._first + len(self._actions)
+        for env in envs.tolist():
+            self._restored[env] = ([], [])
+        drop = int(self._game_start.min()) - self._first
+        if drop > 0:  # no running game needs those steps any more
+            del self._actions[:drop], self._done[:drop]
+            self._first += drop
 
     def replay_plan(self) -> list[Replay]:
         """Per env, the ``Replay`` that rebuilds its current state."""
-        return [Replay(int(self.game_episode[env]), list(self._actions[env]), list(self._boundaries[env]))
-                for env in range(self.num_envs)]
+        plans = []
+        for env in range(self.num_envs):
+            steps = slice(int(self._game_start[env]) - self._first, None)
+            actions, boundaries = self._restored[env]
+            plans.append(Replay(int(self.game_episode[env]),
+                                actions + [row[env].tolist() for row in self._actions[steps]],
+                                boundaries + [bool(row[env]) for row in self._done[steps]]))
+        return plans
 
     # ---- checkpoints ---------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
         import torch  # here: env worker processes import this module and never need torch
 
+        plans = self.replay_plan()
         return {
             "next_episode": torch.from_numpy(self.next_episode.copy()),
             "game_episode": torch.from_numpy(self.game_episode.copy()),
-            "actions": [torch.as_tensor(actions) for actions in self._actions],
-            "boundaries": [torch.as_tensor(bounds, dtype=torch.bool) for bounds in self._boundaries],
+            "actions": [torch.as_tensor(plan.actions) for plan in plans],
+            "boundaries": [torch.as_tensor(plan.boundaries, dtype=torch.bool) for plan in plans],
         }
 
     @classmethod
@@ -81,6 +102,6 @@ class EnvHistory:
         history = cls(len(next_episode))
         history.next_episode[:] = next_episode
         history.game_episode[:] = state["game_episode"].numpy()
-        history._actions = [actions.tolist() for actions in state["actions"]]
-        history._boundaries = [bounds.tolist() for bounds in state["boundaries"]]
+        history._restored = [(actions.tolist(), bounds.tolist())
+                             for actions, bounds in zip(state["actions"], state["boundaries"])]
         return history

@@ -51,7 +51,7 @@ def env_worker_layout(num_envs: int, num_workers: int, obs_space: Any, act_space
         ArraySpec("truncated", (num_envs,), "bool"),
         ArraySpec("episode_return", (num_envs,), "float64"),
         ArraySpec("episode_length", (num_envs,), "int64"),
-        ArraySpec("new_game", (num_envs,), "bool"),
+        ArraySpec("new_game", (num_envs,), "bool"),  # where an episode ended: did the reset begin a new game?
         ArraySpec("env_errors", (num_workers,), "int64"),
         ArraySpec("message", (num_workers, MESSAGE_BYTES), "uint8"),
     ]
@@ -168,7 +168,6 @@ class EnvWorker:
         key, put, obs_rows, final_rows = self.episode_key, self.put, self.obs, self.final_obs
         rewards, terminals, truncations = self.reward, self.terminated, self.truncated
         returns, lengths, new_games = self.episode_return, self.episode_length, self.new_game
-        new_games[:] = False
         for i, env in enumerate(self.envs):
             try:
                 obs, reward, terminated, truncated, info = env.step(actions[i])

@@ -262,7 +262,8 @@ class ShmVectorEnv:
         self._restarted[:] = False
         self._collect("stepping")
         self.history.record(self._actions, self._views.terminated | self._views.truncated, self._new_game)
-        self.history.start_games(self._restarted)
+        if self._restarted.any():
+            self.history.start_games(self._restarted)
         if self.copy:
             return StepResult(*(array.copy() for array in self._views))
         return self._views
