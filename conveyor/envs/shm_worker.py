@@ -248,9 +248,11 @@ def main() -> None:
         write_message(shared["message"][spec.index], f"building the envs failed:\n{traceback.format_exc()}")
         os.write(spec.reply_fd, REPLY_FATAL)
         return
-    os.write(spec.reply_fd, REPLY_OK)
     try:
+        os.write(spec.reply_fd, REPLY_OK)
         worker.serve()
+    except BrokenPipeError:
+        pass  # the master is gone (it died, or gave up on this worker): nothing left to do
     finally:
         worker.close()
         shared.close()
