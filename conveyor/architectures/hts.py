@@ -65,7 +65,7 @@ def _wait_round(run: Run, buffer: StateBuffer, actors: Actors, storage: DoubleSt
             actors.check()
             restart_dead_executors(buffer, actors, storage, history, rounds, run.telemetry,
                                    run.cfg.env.max_restarts)
-            buffer.check_executors()
+            buffer.check_env_errors()
             if run.stop_event.is_set():
                 stopped_at = stopped_at or time.monotonic()
                 if time.monotonic() - stopped_at > STOP_GRACE_S:

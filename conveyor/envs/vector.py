@@ -5,8 +5,9 @@
 ``[w * k, (w + 1) * k)``, ``k = cfg.envs_per_worker``; global env i is
 made with ``make_env(cfg, seed + i)`` and its episode k starts with
 ``reset(seed=episode_seed(seed, i, k))``, so a run is reproducible from
-``seed``, and ``history`` (``EnvHistory``) says how to rebuild every env. Observations, actions, rewards, flags and episode statistics live
-in one shared memory block (``conveyor.transport.shm.SharedArrays``); each
+``seed``, and ``history`` (``EnvHistory``) says how to rebuild every env.
+Observations, actions, rewards, flags and episode statistics live in one
+shared memory block (``conveyor.transport.shm.SharedArrays``); each
 step the master writes the actions, sends each worker one command byte down
 a pipe, and waits for one status byte back. Nothing is pickled per step.
 

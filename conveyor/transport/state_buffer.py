@@ -269,7 +269,7 @@ class StateBuffer:
         self.restarts += 1
         self._executors[index] = self._start_executor(index, episodes, (), round_index, True)
 
-    def check_executors(self) -> None:
+    def check_env_errors(self) -> None:
         """Raise ``WorkerFailure`` when env errors exceed the limit."""
         errors = int(self.shared["env_errors"].sum())
         if errors > self.cfg.max_env_errors:
