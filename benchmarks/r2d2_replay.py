@@ -39,7 +39,7 @@ from conveyor import algos
 from conveyor.config import AlgoCfg, ArchCfg, EnvCfg, ModelCfg, RunCfg
 from conveyor.models import make_model
 from conveyor.bench import update_markdown_section, write_csv
-from conveyor.r2d2 import R2D2Learner
+from conveyor.architectures.seed.r2d2 import R2D2Learner
 from conveyor.storage.replay import SequenceReplay
 from conveyor.storage.sum_tree import SumTree
 from seed_inference import steady_sps  # benchmarks/ is on sys.path when this script runs

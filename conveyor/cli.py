@@ -44,7 +44,7 @@ EXTERNAL_COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("conveyor.evaluate", "evaluate a run's checkpoints: final, final time and required time metrics"),
     "bench": ("conveyor.bench", "run a benchmark suite (architectures x algorithms x envs x seeds, peers)"),
     "plot": ("conveyor.plots", "plot returns, SPS and policy-lag histograms of run directories"),
-    "actor": ("conveyor.actor", "run a SEED actor: step envs for a `train --arch seed` learner over gRPC"),
+    "actor": ("conveyor.architectures.seed.actor", "run a SEED actor: step envs for a `train --arch seed` learner over gRPC"),
 }
 
 

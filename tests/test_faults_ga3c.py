@@ -27,15 +27,16 @@ import conveyor
 from conveyor.config import AlgoCfg, ArchCfg, EnvCfg, ModelCfg, RunCfg
 from conveyor.envs import episode_seed
 from conveyor.errors import WorkerFailure
-from conveyor.threads import ThreadGroup
-from conveyor.transport.ga3c_queues import AgentLink, AgentPool, Channels, channel_specs
+from conveyor.architectures.ga3c.threads import ThreadGroup
+from conveyor.architectures.ga3c.agents import AgentLink, AgentPool
+from conveyor.architectures.ga3c.queues import Channels, channel_specs
 from tests.fault_env import TAGGED_ID, BatchRecorder, check_transitions, children, kill_child, tags
 
 torch.set_num_threads(1)
 
 T = 5
 """Unroll (segment length) everywhere here."""
-AGENT = "ga3c_queues"
+AGENT = "ga3c.agents"
 """A substring of a GA3C agent's command line."""
 
 

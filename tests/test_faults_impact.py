@@ -26,9 +26,9 @@ import conveyor
 from conveyor.config import AlgoCfg, ArchCfg, EnvCfg, ModelCfg, RunCfg
 from conveyor.errors import WorkerFailure
 from conveyor.models import make_model
-from conveyor.transport.impact_workers import FATAL, SLOTS_PER_WORKER, Workers, pool_specs
-from conveyor.transport.params import ParamBlock
-from conveyor.transport.shm import SharedArrays
+from conveyor.architectures.impact.workers import FATAL, SLOTS_PER_WORKER, Workers, pool_specs
+from conveyor.architectures.impact.params import ParamBlock
+from conveyor.storage.shm import SharedArrays
 from tests.fault_env import TAGGED_ID, BatchRecorder, TaggedEnv, check_transitions, children, kill_child
 
 torch.set_num_threads(1)

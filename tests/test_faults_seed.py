@@ -19,10 +19,10 @@ import conveyor
 from conveyor.config import AlgoCfg, ArchCfg, EnvCfg, ModelCfg, RunCfg
 from conveyor.errors import WorkerFailure
 from conveyor.storage.unrolls import FieldSpec, UnrollQueue
-from conveyor.transport import seed_server
-from conveyor.transport.batcher import Batcher, InferenceStats
-from conveyor.transport.inference import CentralInference
-from conveyor.transport.seed_server import SeedServer, actor_env_seed
+from conveyor.architectures.seed import server as seed_server
+from conveyor.architectures.seed.batcher import Batcher, InferenceStats
+from conveyor.architectures.seed.inference import CentralInference
+from conveyor.architectures.seed.server import SeedServer, actor_env_seed
 from tests.fault_env import TAGGED_ID, BatchRecorder, check_transitions, children, kill_child
 from tests.test_seed import TOKEN, Client, EchoPolicy, env_steps, wait_until
 
@@ -180,7 +180,7 @@ class Events:
 def test_killed_local_actor_is_restarted_and_no_transition_is_lost_or_duplicated(tmp_path, monkeypatch):
     """One local actor (8 envs), SIGKILLed after 3 updates: the rest of the run is the restarted actor's."""
     recorder, events = BatchRecorder(monkeypatch), Events(monkeypatch)
-    killer = kill_child("conveyor.actor", lambda: len(recorder.batches) >= 3, timeout_s=300)
+    killer = kill_child("conveyor.architectures.seed.actor", lambda: len(recorder.batches) >= 3, timeout_s=300)
     summary = conveyor.train(tagged_cfg(tmp_path, total_steps=3_000, local_actors=1, num_envs=2 * ENVS))
     assert killer.killed, "no actor was killed"
     assert summary["stop_reason"] == "total_steps reached"
@@ -240,7 +240,7 @@ def test_a_stalled_actor_does_not_hold_up_the_others(tmp_path, monkeypatch):
 
 def test_max_restarts_0_stops_the_run_at_the_first_dead_actor_with_one_line(tmp_path, monkeypatch):
     recorder = BatchRecorder(monkeypatch)
-    killer = kill_child("conveyor.actor", lambda: len(recorder.batches) >= 2, timeout_s=300)
+    killer = kill_child("conveyor.architectures.seed.actor", lambda: len(recorder.batches) >= 2, timeout_s=300)
     with pytest.raises(WorkerFailure) as failure:
         conveyor.train(tagged_cfg(tmp_path, total_steps=10**7, max_restarts=0))
     message = str(failure.value)

@@ -19,10 +19,11 @@ import numpy as np
 import pytest
 import torch
 
-from conveyor.architectures.ga3c import ThreadGroup
-from conveyor.autotune import Autotuner, Counts, plot_history
+from conveyor.architectures.ga3c.threads import ThreadGroup
+from conveyor.architectures.ga3c.autotune import Autotuner, Counts, plot_history
 from conveyor.config import AlgoCfg, ArchCfg, EnvCfg, ModelCfg, RunCfg
-from conveyor.transport.ga3c_queues import AgentLink, AgentPool, Channels, IndexPipe, channel_specs
+from conveyor.architectures.ga3c.agents import AgentLink, AgentPool
+from conveyor.architectures.ga3c.queues import Channels, IndexPipe, channel_specs
 
 torch.set_num_threads(1)
 NO_RUN = types.SimpleNamespace(request_stop=lambda reason: None)
@@ -192,7 +193,7 @@ class CountingEnv(gym.Env):
 
 def test_agent_writes_time_major_segments_and_the_last_observation_of_a_cut_episode():
     from conveyor.envs.make import EPISODE_KEY
-    from conveyor.transport.ga3c_queues import run_agent
+    from conveyor.architectures.ga3c.agents import run_agent
 
     env = gym.wrappers.RecordEpisodeStatistics(gym.wrappers.TimeLimit(CountingEnv(), 3), stats_key=EPISODE_KEY)
     channels = make_channels(1, 4, unroll=4)
@@ -309,7 +310,8 @@ def test_agents_exit_when_the_parent_is_killed(tmp_path):
         import json, sys, time
         import numpy as np
         from conveyor.config import RunCfg
-        from conveyor.transport.ga3c_queues import AgentPool, Channels, channel_specs
+        from conveyor.architectures.ga3c.agents import AgentPool
+        from conveyor.architectures.ga3c.queues import Channels, channel_specs
         channels = Channels(channel_specs((4,), np.float32, (), np.int64, 2, 6, 4), 6)
         pool = AgentPool(channels, RunCfg.from_dict(json.loads(sys.argv[1])).to_dict(), 0)
         pool.resize(2)

@@ -21,8 +21,8 @@ import torch
 
 from conveyor import train
 from conveyor.algos import make_loss
-from conveyor.architectures import hts
-from conveyor.hts import delayed_update
+from conveyor.architectures.hts import run as hts
+from conveyor.architectures.hts.actors import delayed_update
 from conveyor.config import AlgoCfg, ArchCfg, EnvCfg, ModelCfg, RunCfg
 from conveyor.envs import STEP_TIME_ID
 from conveyor.envs.step_time import EPISODE_STEPS
@@ -30,7 +30,7 @@ from conveyor.learner import Learner, make_optimizer
 from conveyor.models import make_model
 from conveyor.storage.double import DoubleStorage
 from conveyor.storage.rollout import RolloutStorage
-from conveyor.transport.state_buffer import StateBuffer, uniform_generator
+from conveyor.architectures.hts.state_buffer import StateBuffer, uniform_generator
 
 torch.set_num_threads(1)
 
@@ -298,7 +298,7 @@ def test_executors_exit_when_the_parent_is_killed():
     script = textwrap.dedent("""
         import json, time
         from conveyor.config import EnvCfg
-        from conveyor.transport.state_buffer import StateBuffer, uniform_generator
+        from conveyor.architectures.hts.state_buffer import StateBuffer, uniform_generator
         buffer = StateBuffer(EnvCfg(id="CartPole-v1", num_envs=4, num_workers=2), seed=0, sync_interval=3)
         buffer.start_round()
         print(json.dumps(buffer.executor_pids), flush=True)

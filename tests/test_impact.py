@@ -18,7 +18,7 @@ from conveyor.learner import param_sha256
 from conveyor.models import make_model
 from conveyor.models.heads import Categorical, DiagGaussian, ModelOut
 from conveyor.storage.circular import CircularBuffer
-from conveyor.transport.params import ParamBlock
+from conveyor.architectures.impact.params import ParamBlock
 
 torch.set_num_threads(1)
 
@@ -91,7 +91,7 @@ import sys, gymnasium as gym, numpy as np, torch
 from conveyor.config import ModelCfg
 from conveyor.learner import param_sha256
 from conveyor.models import make_model
-from conveyor.transport.params import ParamBlock
+from conveyor.architectures.impact.params import ParamBlock
 model = make_model(ModelCfg(hidden=(8,)), gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2))
 block = ParamBlock(model, int(sys.argv[1]))
 print(block.read_into(model), param_sha256(model))
@@ -345,8 +345,8 @@ def test_presets_run_one_update_per_batch(tmp_path, preset):
 
 
 def test_dead_worker_stops_the_run_with_its_name_and_leaves_no_process(tmp_path):
-    from conveyor.architectures.impact import Workers, pool_specs
-    from conveyor.transport.shm import SharedArrays
+    from conveyor.architectures.impact.workers import Workers, pool_specs
+    from conveyor.storage.shm import SharedArrays
 
     cfg = impact_cfg(tmp_path)
     model = make_model(cfg.model, *SPACES)

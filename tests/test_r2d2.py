@@ -16,13 +16,13 @@ from conveyor.models import make_model
 from conveyor.models.heads import Categorical, ModelOut
 from conveyor.architectures import run as run_architecture
 from conveyor.cli import main
-from conveyor.r2d2 import R2D2Learner, R2D2Policy, ReplayLearning, actor_epsilons, epsilon_greedy, make_replay
+from conveyor.architectures.seed.r2d2 import R2D2Learner, R2D2Policy, ReplayLearning, actor_epsilons, epsilon_greedy, make_replay
 from conveyor.storage.replay import SequenceReplay, check_replay_fits, replay_bytes_needed
 from conveyor.storage.rollout import UINT8_MARKER
 from conveyor.storage.sum_tree import SumTree
 from conveyor.storage.unrolls import FieldSpec
-from conveyor.transport.batcher import EnvSteps
-from conveyor.transport.inference import CentralInference
+from conveyor.architectures.seed.batcher import EnvSteps
+from conveyor.architectures.seed.inference import CentralInference
 
 torch.set_num_threads(1)
 

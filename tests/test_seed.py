@@ -25,13 +25,13 @@ import numpy as np
 import pytest
 import torch
 
-from conveyor.actor import _drain
+from conveyor.architectures.seed.actor import _drain
 from conveyor.config import EnvCfg
 from conveyor.storage.unrolls import FieldSpec, PartialUnrolls, UnrollQueue
-from conveyor.transport import seed_pb2, seed_pb2_grpc, wire
-from conveyor.transport.batcher import Batcher, EnvSteps, InferenceStats
-from conveyor.transport.inference import ActInput, ActOutput, CentralInference
-from conveyor.transport.seed_server import PROTOCOL_VERSION, SeedServer, auth_metadata
+from conveyor.architectures.seed import seed_pb2, seed_pb2_grpc, wire
+from conveyor.architectures.seed.batcher import Batcher, EnvSteps, InferenceStats
+from conveyor.architectures.seed.inference import ActInput, ActOutput, CentralInference
+from conveyor.architectures.seed.server import PROTOCOL_VERSION, SeedServer, auth_metadata
 
 REPO = Path(__file__).resolve().parent.parent
 TOKEN = "test-token-1234"
@@ -53,14 +53,36 @@ def test_checked_in_grpc_code_matches_the_proto(tmp_path):
     from grpc_tools import protoc
 
     command = ["protoc", f"-I{REPO}", f"--python_out={tmp_path}", f"--grpc_python_out={tmp_path}",
-               str(REPO / "conveyor/transport/seed.proto")]
+               str(REPO / "conveyor/architectures/seed/seed.proto")]
     assert protoc.main(command) == 0
     for name in ("seed_pb2.py", "seed_pb2_grpc.py"):
-        fresh = (tmp_path / "conveyor/transport" / name).read_text()
-        assert fresh == (REPO / "conveyor/transport" / name).read_text(), (
-            f"{name} is stale: regenerate it with the command at the top of conveyor/transport/seed.proto")
-    assert "grpc_tools.protoc -I. --python_out=. --grpc_python_out=. conveyor/transport/seed.proto" in \
-        (REPO / "conveyor/transport/seed.proto").read_text()
+        fresh = (tmp_path / "conveyor/architectures/seed" / name).read_text()
+        assert fresh == (REPO / "conveyor/architectures/seed" / name).read_text(), (
+            f"{name} is stale: regenerate it with the command at the top of conveyor/architectures/seed/seed.proto")
+    assert "grpc_tools.protoc -I. --python_out=. --grpc_python_out=. conveyor/architectures/seed/seed.proto" in \
+        (REPO / "conveyor/architectures/seed/seed.proto").read_text()
+
+
+
+def test_declared_grpc_and_protobuf_bounds_match_the_generated_stubs():
+    """The stubs raise at import on a runtime older than the one that generated them (grpcio) or of another
+    major version (protobuf): pyproject's lower bounds must be those versions, and the pins must satisfy them."""
+    import re
+    import tomllib
+
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    bound = {re.split(r"[<>=]", d)[0]: d for d in deps}
+    grpc_stub = (REPO / "conveyor/architectures/seed/seed_pb2_grpc.py").read_text()
+    grpc_generated = re.search(r"GRPC_GENERATED_VERSION = '([\d.]+)'", grpc_stub).group(1)
+    pb2 = (REPO / "conveyor/architectures/seed/seed_pb2.py").read_text()
+    major, minor, patch = re.search(r"Domain.PUBLIC,\s*(\d+),\s*(\d+),\s*(\d+),", pb2).groups()
+    assert bound["grpcio"] == f"grpcio>={grpc_generated}"
+    assert bound["protobuf"] == f"protobuf>={major}.{minor}.{patch},<{int(major) + 1}"
+    pins = dict(line.split("==") for line in (REPO / "constraints.txt").read_text().splitlines()
+                if "==" in line and not line.startswith("#"))
+    as_tuple = lambda v: tuple(int(x) for x in v.split("."))  # noqa: E731
+    assert as_tuple(pins["grpcio"]) >= as_tuple(grpc_generated)
+    assert as_tuple(pins["protobuf"])[0] == int(major) and as_tuple(pins["protobuf"]) >= (int(major), int(minor), int(patch))
 
 
 # ---- wire ----------------------------------------------------------------------------------------
@@ -454,7 +476,7 @@ def test_tls_serves_actors_that_trust_the_certificate(tmp_path):
 
 # ---- actor processes -----------------------------------------------------------------------------
 
-def actor_process(address, *args, token=TOKEN, num_envs=2, module=("-m", "conveyor.actor")):
+def actor_process(address, *args, token=TOKEN, num_envs=2, module=("-m", "conveyor.architectures.seed.actor")):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("CONVEYOR_TOKEN", None)
     if token is not None:

@@ -1,4 +1,6 @@
-"""The five architectures; each module wires shared parts in one ``run(cfg)``."""
+"""The five architectures, one package each: ``<name>/run.py`` wires shared parts in one ``run(cfg)``; the
+package's other modules are that architecture's other process side (actors, workers, agents, servers).
+No architecture package imports another."""
 
 from __future__ import annotations
 
@@ -10,5 +12,5 @@ from conveyor.config import RunCfg
 
 def run(cfg: RunCfg) -> dict[str, Any]:
     """Train with the architecture named by ``cfg.arch.name``; returns the summary."""
-    module = importlib.import_module(f"conveyor.architectures.{cfg.arch.name}")
+    module = importlib.import_module(f"conveyor.architectures.{cfg.arch.name}.run")
     return module.run(cfg)

@@ -6,7 +6,7 @@ with one status byte on its reply pipe; no data travels through the pipes.
 It runs as ``python -c "from conveyor.envs.shm_worker import main; main()"``
 and reads from stdin, once, the parent's ``sys.path`` (so ids like
 ``pkg.module:Env-v0`` import the same modules) and its ``WorkerSpec``, as
-JSON (``transport.shm.send_child_spec``). It imports neither
+JSON (``conveyor.procs.send_child_spec``). It imports neither
 torch nor the parent's ``__main__``, so it starts in the time numpy and
 gymnasium take to import.
 """
@@ -22,7 +22,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from conveyor.envs.make import LIFE_CONTINUED_KEY, episode_seed
-from conveyor.transport.shm import ArraySpec, SharedArrays, receive_child_spec
+from conveyor.storage.shm import ArraySpec, SharedArrays
+from conveyor.procs import receive_child_spec
 
 # Commands, master -> worker.
 CMD_STEP = b"s"

@@ -7,7 +7,7 @@ made with ``make_env(cfg, seed + i)`` and its episode k starts with
 ``reset(seed=episode_seed(seed, i, k))``, so a run is reproducible from
 ``seed``, and ``history`` (``EnvHistory``) says how to rebuild every env.
 Observations, actions, rewards, flags and episode statistics live in one
-shared memory block (``conveyor.transport.shm.SharedArrays``); each
+shared memory block (``conveyor.storage.shm.SharedArrays``); each
 step the master writes the actions, sends each worker one command byte down
 a pipe, and waits for one status byte back. Nothing is pickled per step.
 
@@ -55,7 +55,8 @@ from conveyor.envs.shm_worker import (
     REPLY_OK,
     WorkerSpec,
 )
-from conveyor.transport.shm import SharedArrays, reap, send_child_spec, start_child
+from conveyor.storage.shm import SharedArrays
+from conveyor.procs import reap, send_child_spec, start_child
 
 _WORKER_ENTRY = "from conveyor.envs.shm_worker import main; main()"
 _SUPPORTED_SPACES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)

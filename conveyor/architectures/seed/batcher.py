@@ -15,9 +15,9 @@ When a batch closes on its deadline with fewer rows than expected,
 processed; counted as ``batch_timeouts``): SEED's server marks every stream
 that has no request waiting as late and leaves it out of ``expected_rows``
 until it sends again, so a stalled actor costs one timeout, not one per
-batch (``transport.seed_server``).
+batch (``server``).
 
-SEED's ``process`` is ``transport.inference.CentralInference.process``.
+SEED's ``process`` is ``inference.CentralInference.process``.
 This module stays free of torch, like everything an actor imports.
 """
 

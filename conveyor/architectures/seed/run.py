@@ -1,6 +1,6 @@
 """SEED RL (Espeholt et al. 2020): central batched inference on the learner, thin actors over gRPC.
 
-The learner process runs a gRPC server (``transport.seed_server``) with one
+The learner process runs a gRPC server (``server``) with one
 bidirectional stream per actor. Actors (``conveyor actor``, here or on other
 machines; ``--local-actors`` of them are started by this run) only step
 envs: every step they send observations and receive actions. On the
@@ -9,7 +9,7 @@ learner, three kinds of threads (paper figure 3):
 1. inference: the batcher gathers steps from all streams (up to
    ``--inference-batch`` env rows or ``--inference-timeout-ms``) into one
    forward pass, keeps every env's partial unroll, and pushes finished
-   ``--unroll``-step unrolls to a queue (``transport.batcher``);
+   ``--unroll``-step unrolls to a queue (``batcher``);
 2. prefetch: builds batches of ``--batch-size`` unrolls
    (``storage.unrolls``);
 3. training (this thread): V-trace updates. Parameters change under the
@@ -19,7 +19,7 @@ learner, three kinds of threads (paper figure 3):
 Only the parameter update and the acting forward pass hold the lock that
 keeps them from interleaving.
 
-Faults (``transport.seed_server``, ``transport.inference``): an actor that
+Faults (``server``, ``inference``): an actor that
 dies or disconnects loses only its envs' partial unrolls, which are never
 trained on; a local actor that dies is restarted (``--max-restarts``, then
 the run stops with one line) and counted once in ``restarts`` with the
@@ -33,7 +33,7 @@ costs one ``--inference-timeout-ms`` and is then left out of the batches
 it holds up; the server cancels a stream it has waited on for
 ``seed_server.IDLE_TIMEOUT_S``.
 
-With ``--algo r2d2`` (``conveyor.r2d2``) the policy acts epsilon-greedily
+With ``--algo r2d2`` (``conveyor.architectures.seed.r2d2``) the policy acts epsilon-greedily
 through an LSTM with per-actor epsilons, inference cuts each env's stream
 into ``--seq-len`` sequences overlapping by half (each with the LSTM state it
 started from), the sink is a prioritized replay on the learner, and the
@@ -52,17 +52,17 @@ from typing import Any
 import torch
 
 from conveyor.acting import policy_step, values_of
-from conveyor.actor import LocalActors
+from conveyor.architectures.seed.actor import LocalActors
 from conveyor.config import ConfigError, RunCfg
 from conveyor.envs import env_spaces
 from conveyor.learner import Learner
 from conveyor.models import make_model
-from conveyor.r2d2 import ReplayLearning
+from conveyor.architectures.seed.r2d2 import ReplayLearning
 from conveyor.run import Run
 from conveyor.storage.unrolls import FieldSpec, Prefetcher, UnrollQueue
-from conveyor.transport.batcher import Batcher, InferenceStats
-from conveyor.transport.inference import ActInput, ActOutput, CentralInference, unroll_fields
-from conveyor.transport.seed_server import SeedServer, learner_token, unix_socket_path
+from conveyor.architectures.seed.batcher import Batcher, InferenceStats
+from conveyor.architectures.seed.inference import ActInput, ActOutput, CentralInference, unroll_fields
+from conveyor.architectures.seed.server import SeedServer, learner_token, unix_socket_path
 
 
 class ActorCriticPolicy:

@@ -54,8 +54,8 @@ import grpc
 import numpy as np
 
 from conveyor.config import ConfigError
-from conveyor.transport import seed_pb2, seed_pb2_grpc, wire
-from conveyor.transport.batcher import Batcher, EnvSteps, InferenceStats
+from conveyor.architectures.seed import seed_pb2, seed_pb2_grpc, wire
+from conveyor.architectures.seed.batcher import Batcher, EnvSteps, InferenceStats
 
 PROTOCOL_VERSION = 1
 TOKEN_ENV = "CONVEYOR_TOKEN"

@@ -1,6 +1,6 @@
 """HTS-RL state and action buffers between executor processes and actor threads.
 
-The buffers are one shared memory block (``conveyor.transport.shm``) with a
+The buffers are one shared memory block (``conveyor.storage.shm``) with a
 row per env: the state buffer (observation, the uniform number that will
 pick the action, the step index ``t`` within the round, and the previous
 step's reward, flags, final observation and episode return) and the action
@@ -36,7 +36,7 @@ from ``t = 0`` on their next episodes (the caller forgets what the dead one
 wrote). A resumed run starts executors that rebuild their envs from an
 ``EnvHistory`` (``start``).
 
-Executors run ``python -c "from conveyor.transport.state_buffer import main; main()"``
+Executors run ``python -c "from conveyor.architectures.hts.state_buffer import main; main()"``
 (like the vector env's workers: spec as JSON on stdin, no torch import, no
 re-import of the parent's ``__main__``), ignore SIGINT, and exit when the parent's end of
 their action pipe closes.
@@ -62,7 +62,8 @@ from conveyor.errors import WorkerFailure
 from conveyor.envs.make import env_spaces
 from conveyor.envs.shm_worker import EnvWorker, WorkerSpec, env_worker_layout, write_message
 from conveyor.envs.vector import exit_reason
-from conveyor.transport.shm import ArraySpec, SharedArrays, reap, receive_child_spec, send_child_spec, start_child
+from conveyor.storage.shm import ArraySpec, SharedArrays
+from conveyor.procs import reap, receive_child_spec, send_child_spec, start_child
 
 GO = -1
 """Action-pipe record, main thread -> executor: start the next round."""
@@ -76,7 +77,7 @@ if TYPE_CHECKING:
     from conveyor.envs.history import EnvHistory
 
 _RECORD = np.dtype("<i4")
-_ENTRY = "from conveyor.transport.state_buffer import main; main()"
+_ENTRY = "from conveyor.architectures.hts.state_buffer import main; main()"
 _CLOSE_GRACE_S = 5.0
 
 

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from conveyor.transport import seed_pb2 as conveyor_dot_transport_dot_seed__pb2
+from conveyor.architectures.seed import seed_pb2 as conveyor_dot_architectures_dot_seed_dot_seed__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in conveyor/transport/seed_pb2_grpc.py depends on'
+        + ' but the generated code in conveyor/architectures/seed/seed_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,8 +36,8 @@ class SeedStub:
         """
         self.Act = channel.stream_stream(
                 '/conveyor.seed.Seed/Act',
-                request_serializer=conveyor_dot_transport_dot_seed__pb2.ActorMessage.SerializeToString,
-                response_deserializer=conveyor_dot_transport_dot_seed__pb2.LearnerMessage.FromString,
+                request_serializer=conveyor_dot_architectures_dot_seed_dot_seed__pb2.ActorMessage.SerializeToString,
+                response_deserializer=conveyor_dot_architectures_dot_seed_dot_seed__pb2.LearnerMessage.FromString,
                 _registered_method=True)
 
 
@@ -57,8 +57,8 @@ def add_SeedServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Act': grpc.stream_stream_rpc_method_handler(
                     servicer.Act,
-                    request_deserializer=conveyor_dot_transport_dot_seed__pb2.ActorMessage.FromString,
-                    response_serializer=conveyor_dot_transport_dot_seed__pb2.LearnerMessage.SerializeToString,
+                    request_deserializer=conveyor_dot_architectures_dot_seed_dot_seed__pb2.ActorMessage.FromString,
+                    response_serializer=conveyor_dot_architectures_dot_seed_dot_seed__pb2.LearnerMessage.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -86,8 +86,8 @@ class Seed:
             request_iterator,
             target,
             '/conveyor.seed.Seed/Act',
-            conveyor_dot_transport_dot_seed__pb2.ActorMessage.SerializeToString,
-            conveyor_dot_transport_dot_seed__pb2.LearnerMessage.FromString,
+            conveyor_dot_architectures_dot_seed_dot_seed__pb2.ActorMessage.SerializeToString,
+            conveyor_dot_architectures_dot_seed_dot_seed__pb2.LearnerMessage.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,7 +1,7 @@
-"""HTS-RL's parts (Liu et al. 2020), wired by ``conveyor.architectures.hts``.
+"""HTS-RL's parts (Liu et al. 2020), wired by ``conveyor.architectures.hts.run``.
 
 - ``delayed_update``: the one-step delayed gradient (eq. 6).
-- ``Actors``: actor threads serving the state buffer (``transport.state_buffer``)
+- ``Actors``: actor threads serving the state buffer (``state_buffer``)
   with the acting parameters and writing the filling storage; ``paused()``
   holds them between requests while the main thread replaces an executor.
 - ``restart_dead_executors``: replaces dead executors so the round in flight
@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
-from typing import Any, Iterable, Iterator
+from typing import Iterable, Iterator
 
 import numpy as np
 import torch
@@ -26,7 +26,7 @@ from conveyor.errors import WorkerFailure
 from conveyor.learner import Learner
 from conveyor.storage.double import DoubleStorage
 from conveyor.telemetry import Telemetry
-from conveyor.transport.state_buffer import StateBuffer
+from conveyor.architectures.hts.state_buffer import StateBuffer
 
 POLL_S = 0.1
 """Longest an actor or the main thread waits before checking for stop and dead executors."""

@@ -1,6 +1,6 @@
 """IMPACT (Luo et al. 2020, algorithm 1): async workers, circular buffer C(N, K), clipped target network.
 
-W worker processes (``env.num_workers``, ``transport.impact_workers``) each
+W worker processes (``env.num_workers``, ``workers``) each
 hold their own copy of the policy and step ``env.num_envs / W`` envs. A
 worker fills one of its batch slots in shared memory with S steps
 (``--worker-batch``): observations, actions (the unclipped Gaussian sample;
@@ -47,9 +47,9 @@ from conveyor.envs import env_spaces
 from conveyor.models import make_model
 from conveyor.run import Run
 from conveyor.storage.circular import CircularBuffer
-from conveyor.transport.impact_workers import BATCH_FIELDS, POLL_S, SLOTS_PER_WORKER, Workers, pool_specs
-from conveyor.transport.params import ParamBlock
-from conveyor.transport.shm import SharedArrays
+from conveyor.architectures.impact.workers import BATCH_FIELDS, POLL_S, SLOTS_PER_WORKER, Workers, pool_specs
+from conveyor.architectures.impact.params import ParamBlock
+from conveyor.storage.shm import SharedArrays
 
 def run(cfg: RunCfg) -> dict[str, Any]:
     if cfg.model.lstm_size:

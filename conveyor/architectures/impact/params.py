@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from conveyor.transport.shm import ArraySpec, SharedArrays
+from conveyor.storage.shm import ArraySpec, SharedArrays
 
 _READ_ATTEMPTS = 100
 

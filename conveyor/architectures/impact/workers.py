@@ -73,8 +73,9 @@ from conveyor.envs import make_vector_env
 from conveyor.envs.shm_worker import MESSAGE_BYTES, write_message
 from conveyor.envs.vector import exit_reason
 from conveyor.models import make_model
-from conveyor.transport.params import ParamBlock
-from conveyor.transport.shm import ArraySpec, SharedArrays, reap, start_child
+from conveyor.architectures.impact.params import ParamBlock
+from conveyor.storage.shm import ArraySpec, SharedArrays
+from conveyor.procs import reap, start_child
 
 SLOTS_PER_WORKER = 2
 """A worker fills one slot while the learner may still hold its other one."""
@@ -82,7 +83,7 @@ FATAL = 255
 DIED_EXIT = 3
 """Exit code of a worker whose own env worker died: a death, restarted like any other."""
 """Reply byte of a worker that failed (its message row says why); other bytes name a ready slot."""
-_WORKER_ENTRY = "from conveyor.transport.impact_workers import worker_main; worker_main()"
+_WORKER_ENTRY = "from conveyor.architectures.impact.workers import worker_main; worker_main()"
 POLL_S = 0.2
 _CLOSE_GRACE_S = 5.0
 _FIX = "raise --max-restarts, or see the worker's error above"

@@ -1,6 +1,6 @@
 """GA3C (Babaeizadeh et al. 2017): agents, predictor threads and trainer threads around one model.
 
-N_A agent processes each play one env (``conveyor.transport.ga3c_queues``):
+N_A agent processes each play one env (``agents.py``, ``queues.py``):
 before each action an agent puts its id on the prediction queue and waits;
 N_P predictor threads each take every waiting request (at least one, at most
 ``max_predict_batch``), run one batched forward and answer each agent. After
@@ -8,7 +8,7 @@ t_max steps an agent puts its segment on the training queue; N_T trainer
 threads take ``min_train_batch`` segments at a time and update the model
 (``--algo ga3c``: eq. 5). ``--autotune`` moves N_A, N_P or N_T by +-1 every
 ``autotune_interval`` seconds and keeps the move only if TPS rose
-(``conveyor.autotune``).
+(``conveyor.architectures.ga3c.autotune``).
 
 An agent process that dies (killed, or its env fails to build) is noticed
 by the main loop within 0.1 s and restarted with the same id, its episodes
@@ -16,7 +16,7 @@ going on from the id's next episode seed; the segment it was writing is
 dropped (never trained on, never in ``env_steps``; counted in the summary's
 ``dropped_steps``), its slot goes back to the free pool, and each restart is
 counted in ``restarts``. Past ``--max-restarts`` restarts the run stops with
-``WorkerFailure`` (``conveyor.transport.ga3c_queues`` has the mechanics).
+``WorkerFailure`` (``agents.py`` has the mechanics).
 Steps that agents stopped on purpose (autotune, the end of the run) had
 half-written are reported as ``ga3c.abandoned_steps``.
 
@@ -50,14 +50,15 @@ import torch
 from torch import Tensor, nn
 
 from conveyor.acting import policy_step, step_targets
-from conveyor.autotune import KNOBS, Autotuner, Counts, plot_history
+from conveyor.architectures.ga3c.autotune import KNOBS, Autotuner, Counts, plot_history
+from conveyor.architectures.ga3c.agents import AgentPool
+from conveyor.architectures.ga3c.queues import Channels, channel_specs
+from conveyor.architectures.ga3c.threads import ThreadGroup, locked
 from conveyor.config import RunCfg
-from conveyor.errors import WorkerFailure
 from conveyor.envs import env_spaces
+from conveyor.errors import WorkerFailure
 from conveyor.models import make_model
 from conveyor.run import Run
-from conveyor.threads import ThreadGroup, locked
-from conveyor.transport.ga3c_queues import AgentPool, Channels, channel_specs
 
 MAX_THREADS = 8
 """Most predictor and trainer threads autotune may choose."""

@@ -1,6 +1,6 @@
 """HTS-RL (Liu et al. 2020): executors, actors and a learner over two storages, with a one-step delayed gradient.
 
-- Executors (``cfg.env.num_workers`` processes, ``conveyor.transport.state_buffer``)
+- Executors (``cfg.env.num_workers`` processes, ``conveyor.architectures.hts.state_buffer``)
   step each env as soon as its action arrives and post its next observation,
   with a uniform number drawn from the env's own seeded generator.
 - Actors (``cfg.arch.num_actors`` threads here, in the learner process: the
@@ -29,7 +29,7 @@ from, the env history and the round count. A resumed run rebuilds every env
 ``param_sha256`` as a run that never stopped. Ctrl-C lets the round in flight
 finish (up to ``STOP_GRACE_S``) so the last checkpoint is such a point too.
 
-Faults: a dead executor is restarted (``conveyor.hts.restart_dead_executors``);
+Faults: a dead executor is restarted (``conveyor.architectures.hts.actors.restart_dead_executors``);
 the round in flight completes with its envs re-run from step 0 on their next
 episodes, so no transition is lost inside an episode or trained on twice.
 """
@@ -44,12 +44,12 @@ import torch
 
 from conveyor.config import RunCfg
 from conveyor.envs.history import EnvHistory
-from conveyor.hts import POLL_S, Actors, copy_params, delayed_update, restart_dead_executors
+from conveyor.architectures.hts.actors import POLL_S, Actors, copy_params, delayed_update, restart_dead_executors
 from conveyor.models import make_model
 from conveyor.run import Run
 from conveyor.storage.double import DoubleStorage
 from conveyor.storage.rollout import RolloutStorage
-from conveyor.transport.state_buffer import StateBuffer
+from conveyor.architectures.hts.state_buffer import StateBuffer
 
 STOP_GRACE_S = 10.0
 """After a stop signal, how long the round in flight may take to finish (so the checkpoint is exact)."""

@@ -50,7 +50,7 @@ import torch
 from torch import Tensor
 
 from conveyor.storage.unrolls import FieldSpec, PartialUnrolls, UnrollSink
-from conveyor.transport.batcher import EnvSteps, InferenceStats
+from conveyor.architectures.seed.batcher import EnvSteps, InferenceStats
 
 
 @dataclass

@@ -15,7 +15,7 @@ seconds without a learner) and resumes where its envs are: the learner has
 dropped those envs' partial unrolls and starts new ones. The envs are built
 once per process, from the env config and seed of the first Welcome; a
 restarted actor process builds them from its new Welcome, whose seed differs
-from every earlier one (``transport.seed_server.actor_env_seed``). A refused
+from every earlier one (``seed.server.actor_env_seed``). A refused
 token prints one line and exits 2; a learner that finished training ends
 the stream with OK and the actor exits 0.
 
@@ -43,7 +43,7 @@ import numpy as np
 
 from conveyor.config import ConfigError, EnvCfg
 from conveyor.errors import WorkerFailure
-from conveyor.transport.shm import reap
+from conveyor.procs import reap
 
 LOCAL_ACTOR_ENV = "CONVEYOR_LOCAL_ACTOR"
 PARENT_PID_ENV = "CONVEYOR_PARENT_PID"
@@ -69,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from conveyor.transport.seed_server import read_token
+    from conveyor.architectures.seed.server import read_token
 
     if args.num_envs <= 0 or args.num_workers <= 0 or args.num_envs % args.num_workers:
         raise ConfigError(f"--num-envs ({args.num_envs}) must be a positive multiple of --num-workers "
@@ -116,8 +116,8 @@ class Actor:
                  retry_s: float = 60.0, max_message_bytes: int = 16 * 1024 * 1024) -> None:
         import grpc
 
-        from conveyor.transport import seed_pb2_grpc
-        from conveyor.transport.seed_server import channel_options
+        from conveyor.architectures.seed import seed_pb2_grpc
+        from conveyor.architectures.seed.server import channel_options
 
         self.address = address
         self.token = token
@@ -173,8 +173,8 @@ class Actor:
 
     def _session(self) -> None:
         """One stream: Hello, Welcome, then step until the stream ends (returns) or breaks (raises)."""
-        from conveyor.transport import seed_pb2, wire
-        from conveyor.transport.seed_server import PROTOCOL_VERSION, auth_metadata
+        from conveyor.architectures.seed import seed_pb2, wire
+        from conveyor.architectures.seed.server import PROTOCOL_VERSION, auth_metadata
 
         outbox: queue.Queue[Any] = queue.Queue()
         call = self.stub.Act(_drain(outbox), metadata=auth_metadata(self.token))
@@ -231,7 +231,7 @@ class Actor:
     def _step_message(self, env_ids: np.ndarray, env_time: float, latency: float, result: Any) -> Any:
         """The Step for the current observations; ``result`` is the env step that produced them (None on a
         stream's first Step, whose reward and flags the learner ignores)."""
-        from conveyor.transport import seed_pb2, wire
+        from conveyor.architectures.seed import seed_pb2, wire
 
         k = self.num_envs
         if result is None:
@@ -285,8 +285,8 @@ class LocalActors:
                  max_restarts: int = 10) -> None:
         self.address = address
         self.num_envs = num_envs
-        # ``-m conveyor.actor`` rather than ``conveyor actor``: the CLI imports torch, an actor never needs it.
-        self.args = [sys.executable, "-m", "conveyor.actor", "--learner", address,
+        # ``-m conveyor.architectures.seed.actor`` rather than ``conveyor actor``: the CLI imports torch, an actor never needs it.
+        self.args = [sys.executable, "-m", "conveyor.architectures.seed.actor", "--learner", address,
                      "--num-envs", str(num_envs), "--num-workers", str(num_workers), "--retry-s", "30",
                      "--max-message-bytes", str(max_message_bytes)]
         if tls_ca:

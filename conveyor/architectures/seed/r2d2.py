@@ -3,7 +3,7 @@
 The parts, none tied to the gRPC transport:
 
 - ``R2D2Policy``: epsilon-greedy acting with per-actor epsilons, plugged
-  into ``transport.inference.CentralInference``, which keeps each env's LSTM
+  into ``inference.CentralInference``, which keeps each env's LSTM
   state, previous action and reward on the learner and cuts its stream into
   overlapping sequences that start with the state the actor used.
 - ``ReplayLearning``: the replay as the sequences' sink, prioritized
@@ -36,7 +36,7 @@ from conveyor.returns import value_rescale_inverse
 from conveyor.run import Run
 from conveyor.storage.replay import STATE_KEYS, SequenceReplay, check_replay_fits
 from conveyor.storage.unrolls import FieldSpec
-from conveyor.transport.inference import ActInput, ActOutput
+from conveyor.architectures.seed.inference import ActInput, ActOutput
 
 SEED_MAX_GRAD_NORM = 80.0
 """Global gradient-norm clip of R2D2 (SEED table 8), used unless ``--max-grad-norm`` names another value."""
@@ -80,7 +80,7 @@ def make_replay(cfg: RunCfg, observation_space: gym.spaces.Box, lstm_size: int) 
 
 
 class R2D2Policy:
-    """Epsilon-greedy acting on the learner's online network, for ``transport.inference.CentralInference``.
+    """Epsilon-greedy acting on the learner's online network, for ``inference.CentralInference``.
 
     Env slot ``i`` acts with ``epsilons[i % len(epsilons)]``. The LSTM state
     ``(state_h, state_c)`` of every slot is kept by ``CentralInference`` and

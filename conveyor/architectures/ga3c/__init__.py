@@ -1,0 +1,1 @@
+"""GA3C (Babaeizadeh et al. 2017): agent processes (``agents.py``), prediction/training queues (``queues.py``), predictor/trainer threads (``threads.py``), the autotuner (``autotune.py``), wired in ``run.py``."""

@@ -1,0 +1,1 @@
+"""SEED RL (Espeholt et al. 2020): remote actors (``actor.py``) over gRPC (``server.py``, ``wire.py``, ``seed.proto``), batched central inference (``batcher.py``, ``inference.py``), V-trace or R2D2 (``r2d2.py``) on the learner (``run.py``)."""
