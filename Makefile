@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv train test test-slow bench bench-deps clean
+.PHONY: venv train test test-slow test-learning bench bench-deps clean
 
 # Build .venv from scratch with exact pins; re-runs only when the pins or the package metadata change.
 venv: $(STAMP)
@@ -21,6 +21,10 @@ test: venv
 
 test-slow: venv
 	$(BIN)/python -m pytest -q -m slow
+
+# The learning tests are the slow ones (each architecture learns with its presets); the whole matrix is
+# `conveyor bench --suite learning`.
+test-learning: test-slow
 
 # Peers (stable-baselines3) are an optional group, kept out of the core install.
 bench-deps: venv

@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from conveyor.bench import (BenchRun, EnvBudget, Suite, bench_cfg, run_name, run_suite, update_markdown_section,
-                            write_csv)
+from conveyor.bench import run_suite, update_markdown_section, write_csv
+from conveyor.bench.suites import BenchRun, EnvBudget, Suite, bench_cfg, run_name
 from conveyor.config import AlgoCfg, ArchCfg, EnvCfg, ModelCfg
 from conveyor.plots import load_run, plot_runs, trailing_mean
 

@@ -1,8 +1,15 @@
-"""Child processes: start one from a JSON spec, hand it that spec, reap it.
+"""Child processes: the one owner of how conveyor starts, stops, reaps and restarts them.
 
-Children are started as ``python -c ENTRY`` (never multiprocessing's spawn, which re-imports the parent's
-``__main__``), inherit only the file descriptors named, and read their spec as JSON from stdin: nothing
-crossing into a process is ever unpickled.
+Parent side: ``start_child`` starts ``python -c ENTRY`` (never multiprocessing's spawn, which re-imports the
+parent's ``__main__``) inheriting only the file descriptors named, and writes its spec to its stdin as JSON:
+nothing crossing into a process is ever unpickled. ``close_children`` asks children to stop and ``reap``
+waits for them within one grace period (``CLOSE_GRACE_S``) and kills whoever is left; ``exit_reason`` says
+how one ended; a ``RestartBudget`` counts the restarts of dead children against ``max_restarts`` and stops
+the run with one line when they are spent.
+
+Child side: ``child_prologue`` is the first thing every child's entry point runs (it ignores Ctrl-C, reads
+the spec, restores the parent's ``sys.path``); ``parent_gone`` tells a child whose pipes cannot show it that
+its parent has died.
 """
 
 from __future__ import annotations
@@ -10,65 +17,149 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
+from conveyor.config import EnvCfg
+from conveyor.errors import WorkerFailure
 from conveyor.storage.shm import ArraySpec
 
-
-def send_child_spec(stream: Any, spec: Any) -> None:
-    """Write the parent's ``sys.path`` and ``spec`` (a NamedTuple of ints, tuples, ``ArraySpec``s and an
-    ``EnvCfg`` field named ``env_cfg``) to a child process's stdin as JSON: nothing crossing into a
-    process is ever unpickled."""
-    fields = {}
-    for name, value in spec._asdict().items():
-        fields[name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
-    stream.write(json.dumps({"sys_path": sys.path, "spec": fields}).encode())
-    stream.close()
-
-
-def receive_child_spec(spec_type: type) -> Any:
-    """Read what ``send_child_spec`` wrote to this process's stdin; restores ``sys.path``."""
-    from conveyor.config import EnvCfg
-
-    data = json.loads(sys.stdin.buffer.read())
-    sys.path[:] = data["sys_path"]
-    fields = data["spec"]
-    for name, value in fields.items():
-        if name == "env_cfg":
-            value["env_args"] = tuple(tuple(pair) for pair in value["env_args"])
-            fields[name] = EnvCfg(**value)
-        elif name == "array_specs":
-            fields[name] = tuple(ArraySpec(spec_name, tuple(shape), dtype) for spec_name, shape, dtype in value)
-        elif isinstance(value, list):
-            fields[name] = tuple(value)
-    return spec_type(**fields)
-
+CLOSE_GRACE_S = 5.0
+"""How long children may take to exit, once asked to or once their pipe closed, before they are killed."""
 
 # Env-stepping children run one per core: a BLAS/OpenMP thread pool in each would only oversubscribe.
 SINGLE_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
+_parent_pid: int | None = None
+"""In a child, the pid of the parent that started it (``child_prologue``); None elsewhere."""
 
-def start_child(entry: str, pass_fds: Sequence[int]) -> subprocess.Popen:
-    """Start ``python -c entry`` with a piped stdin (for its spec), single-threaded numerical
-    libraries, and only ``pass_fds`` inherited. Unlike multiprocessing's spawn it never re-imports
-    the parent's ``__main__`` (which may import torch), so children start in the time their own
-    imports take."""
+
+# ---- parent side -------------------------------------------------------------------------------
+def start_child(entry: str, spec: Any, pass_fds: Sequence[int]) -> subprocess.Popen:
+    """Start ``python -c entry`` with single-threaded numerical libraries and only ``pass_fds`` inherited,
+    and write ``spec`` to its stdin (``child_prologue`` reads it). ``spec`` is a NamedTuple (its fields:
+    JSON values, dataclasses, ``ArraySpec``s) or a JSON-ready dict. Unlike multiprocessing's spawn it never
+    re-imports the parent's ``__main__`` (which may import torch), so a child starts in the time its own
+    imports take. A child that dies before reading its spec is not an error here: its owner notices the
+    death the way it notices any other."""
+    fields = spec if isinstance(spec, dict) else {
+        name: dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+        for name, value in spec._asdict().items()}
     env = dict(os.environ)
     for name in SINGLE_THREAD_VARS:
         env.setdefault(name, "1")
-    return subprocess.Popen([sys.executable, "-c", entry], stdin=subprocess.PIPE, env=env, pass_fds=tuple(pass_fds))
+    process = subprocess.Popen([sys.executable, "-c", entry], stdin=subprocess.PIPE, env=env,
+                               pass_fds=tuple(pass_fds))
+    try:
+        process.stdin.write(json.dumps({"sys_path": sys.path, "parent_pid": os.getpid(), "spec": fields}).encode())
+        process.stdin.close()
+    except BrokenPipeError:
+        pass  # it died at start
+    return process
 
 
-def reap(processes: Sequence[subprocess.Popen], grace_s: float) -> None:
-    """Wait for ``processes`` to exit within one shared grace period; kill whoever is still running."""
-    deadline = time.monotonic() + grace_s
+def close_children(processes: Sequence[subprocess.Popen], command_fds: Sequence[int], farewell: bytes = b"") -> None:
+    """Write ``farewell`` (the children's stop command, if they have one) down each command pipe and close it,
+    so that a child reads end of file after it, then ``reap`` them."""
+    for fd in command_fds:
+        if farewell:
+            try:
+                os.write(fd, farewell)
+            except OSError:
+                pass  # already gone
+        os.close(fd)
+    reap(processes)
+
+
+def terminate(processes: Iterable[subprocess.Popen]) -> None:
+    """Send SIGTERM to those of ``processes`` still running (for children that stop on a signal)."""
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+
+
+def reap(processes: Sequence[subprocess.Popen]) -> None:
+    """Wait for ``processes`` to exit within one shared grace period (``CLOSE_GRACE_S``); kill whoever is
+    still running then."""
+    deadline = time.monotonic() + CLOSE_GRACE_S
     for process in processes:
         try:
             process.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def exit_reason(code: int | None) -> str:
+    """How a process with return code ``code`` (``Popen.returncode``) ended, for a one-line message."""
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by signal {signal.Signals(-code).name}"
+        except ValueError:  # a real-time signal, which has no name
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+class RestartBudget:
+    """The restarts of dead children a run allows (``EnvCfg.max_restarts``), counted by the owner of the
+    children each time it replaces one."""
+
+    def __init__(self, max_restarts: int) -> None:
+        self.max_restarts = max_restarts
+        self.restarts = 0
+        """Restarts spent so far."""
+
+    def spend(self, death: str) -> None:
+        """Count one restart for the death ``death`` describes (one line naming the child, its pid and its
+        exit reason) and say so on stderr; when none is left, raise ``WorkerFailure``: that line, the limit
+        and the fix."""
+        if self.restarts >= self.max_restarts:
+            limit = ("restarts are off (max_restarts=0)" if not self.max_restarts else
+                     f"the run's {self.restarts} restarts reach max_restarts={self.max_restarts}")
+            raise WorkerFailure(f"{death}; {limit}: raise --max-restarts or fix what kills it")
+        self.restarts += 1
+        print(f"conveyor: {death}; restarting it ({self.restarts} of at most {self.max_restarts} restarts)",
+              file=sys.stderr, flush=True)
+
+
+# ---- child side --------------------------------------------------------------------------------
+def child_prologue(spec_type: type | None = None) -> Any:
+    """The start of every child's entry point: ignore Ctrl-C (it reaches the whole process group; the parent
+    decides when its children stop), read the spec ``start_child`` wrote, restore the parent's ``sys.path``
+    (so env ids like ``pkg.module:Env-v0`` import the same modules) and remember the parent (``parent_gone``).
+    Returns the spec as a ``spec_type`` NamedTuple (an ``env_cfg`` field as an ``EnvCfg``, ``array_specs``
+    as ``ArraySpec``s, lists as tuples), or the dict as sent when ``spec_type`` is None."""
+    global _parent_pid
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    data = json.loads(sys.stdin.buffer.read())
+    sys.path[:] = data["sys_path"]
+    _parent_pid = data["parent_pid"]
+    fields = data["spec"]
+    if spec_type is None:
+        return fields
+    for name, value in fields.items():
+        if name == "env_cfg":
+            value["env_args"] = tuple(tuple(pair) for pair in value["env_args"])
+            fields[name] = EnvCfg(**value)
+        elif name == "array_specs":
+            fields[name] = array_specs_from_json(value)
+        elif isinstance(value, list):
+            fields[name] = tuple(value)
+    return spec_type(**fields)
+
+
+def array_specs_from_json(rows: Iterable[Sequence[Any]]) -> tuple[ArraySpec, ...]:
+    """``ArraySpec``s back from their JSON form (``[name, shape, dtype]`` lists)."""
+    return tuple(ArraySpec(name, tuple(shape), dtype) for name, shape, dtype in rows)
+
+
+def parent_gone() -> bool:
+    """In a child: whether the parent that started it has died (the child was re-parented). False outside
+    a child."""
+    return _parent_pid is not None and os.getppid() != _parent_pid

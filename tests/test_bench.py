@@ -1,6 +1,7 @@
 """`conveyor bench` and `conveyor plot`: a small matrix end to end, failures recorded, suites, plots."""
 
 import csv
+import dataclasses
 import importlib.util
 import json
 
@@ -8,19 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from conveyor.bench import (
-    BenchRun,
-    EnvBudget,
-    Suite,
-    bench_cfg,
-    final_time_limits,
-    quick_suite,
-    replace_section,
-    run_suite,
-    section_markers,
-)
+from conveyor.bench import run_suite
+from conveyor.bench.report import (final_return, final_time_limits, replace_section, result_row, section_markers,
+                                   seed_band, threshold_crossing, write_results)
+from conveyor.bench.suites import (LEARNING_FLAGS, PONG_STEPS, BenchRun, EnvBudget, Suite, bench_cfg, learning_suite,
+                                   quick_suite, reference, train_config)
 from conveyor.cli import main
-from conveyor.config import ARCHS, AlgoCfg, ArchCfg, EnvCfg
+from conveyor.config import ARCHS, AlgoCfg, ArchCfg, ConfigError, EnvCfg
 from conveyor.envs import STEP_TIME_ID
 from conveyor.plots import plot_runs, trailing_mean
 
@@ -73,19 +68,21 @@ def test_two_run_matrix_end_to_end(tmp_path):
 
 
 def test_failed_run_is_recorded_and_the_suite_continues(tmp_path):
-    bad = EnvBudget(EnvCfg(id="NoSuchEnv-v0", num_envs=4, num_workers=1), total_steps=1000, time_limit_s=60.0)
-    runs = (tiny_run("broken", 0, budget=bad),
-            BenchRun("sb3-a2c", bench_cfg(TINY, ArchCfg(), AlgoCfg(), 0, torch_threads=1), framework="sb3",
-                     eval_episodes=1))
+    # Fails inside the child: there is no earlier run to resume.
+    broken = tiny_run("broken", 0)
+    broken = dataclasses.replace(broken, cfg=dataclasses.replace(broken.cfg, resume=str(tmp_path / "no-such-run")))
+    runs = (broken, BenchRun("sb3-a2c", bench_cfg(TINY, ArchCfg(), AlgoCfg(), 0, torch_threads=1), framework="sb3",
+                             eval_episodes=1))
     rows = run_suite(Suite("failures", "a failing run and a peer", runs), tmp_path, log=lambda line: None)
-    broken, peer = rows
-    assert broken["status"] == "failed"
-    assert broken["error"].startswith("ConfigError: unknown env id 'NoSuchEnv-v0'") and "\n" not in broken["error"]
+    broken_row, peer = rows
+    assert broken_row["status"] == "failed"
+    assert broken_row["error"].startswith("CheckpointError: no checkpoints in") and "\n" not in broken_row["error"]
     if importlib.util.find_spec("stable_baselines3") is None:
         assert peer["status"] == "skipped" and "stable-baselines3 is not installed" in peer["error"]
     else:
         assert peer["status"] == "ok" and peer["env_steps"] >= 1000 and peer["final_metric"] is not None
-    assert "| paac/a2c NoSuchEnv-v0 s0 | failed: ConfigError: unknown env id" in (tmp_path / "results.md").read_text()
+    table = (tmp_path / "results.md").read_text()
+    assert "| paac/a2c CartPole-v1 s0 | failed: CheckpointError: no checkpoints" in table
     assert len(read_rows(tmp_path)) == 2
 
 
@@ -154,3 +151,152 @@ def test_final_time_limit_is_the_fastest_finished_run_per_env():
     rows = [{"status": "ok", "env": "A", "wall_time_s": 30.0}, {"status": "ok", "env": "A", "wall_time_s": 20.0},
             {"status": "failed", "env": "A", "wall_time_s": None}, {"status": "ok", "env": "B", "wall_time_s": 7.0}]
     assert final_time_limits(rows) == {"A": 20.0, "B": 7.0}
+
+
+# ---- the learning suite ----------------------------------------------------------------------------
+def labels_on(suite, env_id):
+    return {f"{run.arch_label}/{run.algo_label or run.cfg.algo.name}" for run in suite.runs if run.cfg.env.id == env_id}
+
+
+def test_learning_suite_is_issue_15s_matrix_with_only_the_allowed_flags():
+    suite = learning_suite()
+    budgets = {env.id: (env.total_steps, env.threshold) for env in suite.learning_envs}
+    assert budgets == {"CartPole-v1": (300_000, 475.0), "Pendulum-v1": (300_000, -250.0),
+                       "HalfCheetah-v5": (1_000_000, 1500.0), "MinAtar/Breakout-v1": (1_000_000, None),
+                       "MinAtar/SpaceInvaders-v1": (1_000_000, None), "ALE/Pong-v5": (PONG_STEPS["cpu"], None)}
+    discrete = {"paac/a2c", "ga3c/ga3c", "seed/vtrace", "impact/impact", "hts/a2c"}
+    assert labels_on(suite, "CartPole-v1") == discrete | {"paac/ppo", "seed/r2d2", "impact/appo", "impact/impala",
+                                                          "hts/ppo"}
+    assert labels_on(suite, "Pendulum-v1") == {"paac/ppo", "hts/ppo", "impact/impact", "seed/vtrace"}
+    assert labels_on(suite, "HalfCheetah-v5") == {"paac/ppo", "impact/impact"}
+    for env_id in ("MinAtar/Breakout-v1", "MinAtar/SpaceInvaders-v1", "ALE/Pong-v5"):
+        assert labels_on(suite, env_id) == discrete
+    assert len(suite.runs) == 31 * 3 and {run.cfg.seed for run in suite.runs} == {1, 2, 3}
+    for run in suite.runs:
+        # Each run is a user's `conveyor train` line: the presets chose everything else.
+        assert set(run.flags[::2]) <= LEARNING_FLAGS and "--env" in run.flags and "--total-steps" in run.flags
+        assert dataclasses.replace(run.cfg, time_limit_s=0.0, progress=True) == train_config(run.flags)
+        assert run.cfg.time_limit_s > 0 and run.eval_episodes == 0
+    impala = next(run for run in suite.runs if run.algo_label == "impala")
+    assert "--algo" not in impala.flags and impala.cfg.algo.name == "vtrace"  # the preset picks the algorithm
+    minatar_missing = importlib.util.find_spec("minatar") is None
+    for run in suite.runs:
+        skipped = run.cfg.env.id.startswith("MinAtar/") and minatar_missing
+        assert bool(run.skip_reason) == skipped
+    assert reference("CartPole-v1", "paac/a2c").endswith("rl-baselines3-zoo benchmark (SB3 A2C, 500k steps)")
+    assert reference("ALE/Pong-v5", "ga3c/ga3c") == "18: GA3C paper table 3 (1 day on a GPU)"
+    assert reference("Pendulum-v1", "seed/vtrace").startswith("none published")
+
+
+def test_learning_suite_quick_scaled_and_on_a_gpu():
+    quick = learning_suite(quick=True)
+    assert [env.id for env in quick.learning_envs] == ["CartPole-v1"] and quick.name == "learning-quick"
+    assert {run.cfg.seed for run in quick.runs} == {1} and len(quick.runs) == 10
+    scaled = learning_suite(seeds=(4,), quick=True, budget_scale=0.01)
+    assert {run.cfg.total_steps for run in scaled.runs} == {3000} and {run.cfg.seed for run in scaled.runs} == {4}
+    pong = learning_suite(device="cuda", budget_scale=0.5)
+    assert {run.cfg.total_steps for run in pong.runs if run.cfg.env.id == "ALE/Pong-v5"} == {PONG_STEPS["cuda"] // 2}
+    with pytest.raises(ConfigError, match="budget-scale"):
+        learning_suite(budget_scale=2.0)
+
+
+def write_returns(run_dir, returns, steps_per_episode=100, seconds_per_episode=0.5, stop_reason="finished"):
+    """A finished run directory: summary.json and returns.csv with episode i ending at (i+1) * the step/time."""
+    run_dir.mkdir(parents=True)
+    ends = np.arange(1, len(returns) + 1)
+    curve = np.stack([ends * steps_per_episode, ends * seconds_per_episode, np.asarray(returns, float)], axis=1)
+    np.savetxt(run_dir / "returns.csv", curve, delimiter=",", header="env_steps,wall_time_s,return", comments="")
+    (run_dir / "summary.json").write_text(json.dumps({"env_steps": int(curve[-1, 0]), "stop_reason": stop_reason}))
+    return curve
+
+
+def test_threshold_crossing_by_hand(tmp_path):
+    # 100 episodes of 0 then 500: the last-100 mean at episode i (0-based) is 5 * (i - 99); >= 475 at i = 194.
+    curve = write_returns(tmp_path / "a", [0.0] * 100 + [500.0] * 150)
+    assert threshold_crossing(curve, 475.0) == (19_500.0, 97.5)
+    assert threshold_crossing(curve, 500.0) == (20_000.0, 100.0)  # i = 199: the first all-500 window
+    assert threshold_crossing(curve, 501.0) is None
+    assert threshold_crossing(curve[:99], -1.0) is None  # fewer than 100 episodes never count
+    assert final_return(curve) == 500.0 and final_return(curve[:150]) == 250.0 and final_return(curve[:0]) is None
+
+
+def test_learning_report_on_synthetic_runs(tmp_path):
+    suite = learning_suite(seeds=(1, 2, 3), quick=True)
+    chosen = [run for run in suite.runs if run.name.startswith(("paac-a2c-", "ga3c-ga3c-"))]
+    out = tmp_path / "out"
+    rows = []
+    for run in chosen:
+        run_dir = out / "runs" / run.name
+        if run.name.startswith("paac-a2c-"):  # solves, later for each seed, and stops there
+            write_returns(run_dir, [0.0] * (100 + 10 * run.cfg.seed) + [500.0] * 100,
+                          stop_reason="target_return reached")
+            rows.append(result_row(run, run.cfg, run_dir, "ok", "", 1.0))
+        elif run.cfg.seed == 3:  # one ga3c seed failed
+            rows.append(result_row(run, run.cfg, run_dir, "failed", "WorkerFailure: boom", 1.0))
+        else:  # seed 2 ran out of time
+            write_returns(run_dir, [100.0 * run.cfg.seed] * 300, steps_per_episode=1000,
+                          stop_reason="time_limit_s reached" if run.cfg.seed == 2 else "total_steps reached")
+            rows.append(result_row(run, run.cfg, run_dir, "ok", "", 1.0))
+    markdown = tmp_path / "BENCHMARKS.md"
+    write_results(dataclasses.replace(suite, runs=tuple(chosen)), out, rows, 12.0, markdown=markdown)
+
+    results = {row["run"]: row for row in csv.DictReader(open(out / "learning.csv"))}
+    paac, ga3c = results["paac/a2c"], results["ga3c/ga3c"]
+    # paac seed s: 100 + 10 s zeros, then 500s; the last-100 mean reaches 475 at episode 100 + 10 s + 94 (0-based).
+    steps = [(100 + 10 * seed + 95) * 100 for seed in (1, 2, 3)]
+    assert float(paac["steps_to_threshold_mean"]) == pytest.approx(np.mean(steps))
+    assert float(paac["steps_to_threshold_std"]) == pytest.approx(np.std(steps))
+    assert float(paac["wall_s_to_threshold_mean"]) == pytest.approx(np.mean(steps) / 200)
+    assert paac["seeds_reached"] == "3" and float(paac["final_return_mean"]) == 500.0
+    # ga3c: seeds 1 and 2 finish flat at 100 and 200; seed 3 failed.
+    assert ga3c["seeds"] == "3" and ga3c["seeds_ok"] == "2" and ga3c["seeds_reached"] == "0"
+    assert float(ga3c["final_return_mean"]) == 150.0 and float(ga3c["final_return_std"]) == 50.0
+    assert ga3c["notes"] == "failed: WorkerFailure: boom; 1 stopped at the wall-time guard" and ga3c["flags"] == "--arch ga3c --algo ga3c"
+
+    table = (out / "results.md").read_text()
+    assert "#### CartPole-v1: 300,000 env steps, threshold 475" in table
+    assert (f"| paac/a2c | `--arch paac --algo a2c` | 3/3 | 500.0 ± 0.0 | {np.mean(steps):,.0f} ± "
+            f"{np.std(steps):,.0f} (3/3) |") in table
+    assert ("| ga3c/ga3c | `--arch ga3c --algo ga3c` | 2/3 (failed: WorkerFailure: boom; 1 stopped at the wall-time "
+            "guard) | 150.0 ± 50.0 | not reached | not reached | none published") in table
+    for name in ("learning_steps_CartPole-v1.png", "learning_time_CartPole-v1.png"):
+        assert (out / name).read_bytes()[:8] == PNG_MAGIC and (out / name).stat().st_size > 1000
+        assert f"(out/{name})" in markdown.read_text()
+    assert all(marker in markdown.read_text() for marker in section_markers("learning-quick"))
+
+
+def test_seed_band_holds_a_run_that_stopped_at_the_threshold():
+    fast = np.array([[100.0, 1.0, 500.0], [200.0, 2.0, 500.0]])
+    slow = np.array([[100.0, 1.0, 0.0], [400.0, 4.0, 0.0]])
+    x, mean, low, high, count = seed_band([fast, slow], 0, held=[True, False], points=5)
+    assert x.tolist() == [0.0, 100.0, 200.0, 300.0, 400.0]
+    assert count.tolist() == [0, 2, 2, 2, 2] and np.isnan(mean[0])
+    assert mean[1:].tolist() == [250.0, 250.0, 250.0, 250.0]  # trailing means: fast 500, slow 0
+    assert low[1:].tolist() == [0.0] * 4 and high[1:].tolist() == [500.0] * 4
+    _, _, _, _, unheld = seed_band([fast, slow], 0, held=[False, False], points=5)
+    assert unheld.tolist() == [0, 2, 2, 1, 1]
+
+
+def test_learning_suite_runs_a_real_child_end_to_end(tmp_path, capsys):
+    out = tmp_path / "learning"
+    code = main(["bench", "--suite", "learning", "--quick", "--budget-scale", "0.01", "--archs", "paac",
+                 "--only", "paac-a2c", "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    [row] = read_rows(out)
+    assert row["status"] == "ok" and row["name"] == "paac-a2c-CartPole-v1-s1" and int(row["env_steps"]) >= 3000
+    run_dir = out / "runs" / row["name"]
+    assert (run_dir / "returns.csv").read_text().startswith("env_steps,wall_time_s,return")
+    assert "RuntimeWarning" not in (run_dir / "bench.log").read_text()  # `python -m conveyor.bench.child`
+    assert json.loads((run_dir / "config.json").read_text())["total_steps"] == 3000
+    assert (out / "learning_steps_CartPole-v1.png").read_bytes()[:8] == PNG_MAGIC
+    assert "| paac/a2c | `--arch paac --algo a2c` | 1/1 |" in (out / "results.md").read_text()
+
+
+def test_learning_flags_are_checked(capsys):
+    assert main(["bench", "--suite", "quick", "--quick", "--list"]) == 2
+    assert "belong to the learning suite" in capsys.readouterr().err
+    assert main(["bench", "--suite", "learning", "--quick", "--envs", "Pendulum", "--list"]) == 2
+    assert "--envs Pendulum matches no run" in capsys.readouterr().err
+    assert main(["bench", "--suite", "learning", "--envs", "pendulum", "--archs", "hts", "--list"]) == 0
+    listed = capsys.readouterr().out.strip().splitlines()
+    assert len(listed) == 3 and all("conveyor train --arch hts --algo ppo --env Pendulum-v1" in l for l in listed)

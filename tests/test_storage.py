@@ -1,13 +1,26 @@
-"""Rollout storage markers and env-column minibatches."""
+"""The rollout schema, rollout storage markers and env-column minibatches."""
 
+import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 
-from conveyor.storage.rollout import UINT8_MARKER, RolloutStorage, env_columns
+from conveyor.models import policy_family
+from conveyor.storage.rollout import ROLLOUT_FIELDS, RolloutStorage, env_columns
+from conveyor.storage.schema import (UINT8_MARKER, FieldSpec, RolloutSchema, action_field, fill_marker,
+                                     observation_field, standard_fields)
+from conveyor.storage.shm import SharedArrays
+from conveyor.storage.unrolls import UnrollQueue
+
+
+def rollout(T: int, B: int, obs_shape: tuple[int, ...], obs_dtype: torch.dtype = torch.float32) -> RolloutStorage:
+    """Storage for T steps of B envs with discrete actions."""
+    return RolloutStorage(RolloutSchema(FieldSpec(obs_shape, obs_dtype), FieldSpec((), torch.int64), ROLLOUT_FIELDS),
+                          T, B)
 
 
 def test_new_storage_is_marked_unwritten():
-    storage = RolloutStorage(3, 2, (4,), torch.uint8, (), torch.int64)
+    storage = rollout(3, 2, (4,), torch.uint8)
     assert storage.unwritten_steps() == 6
     assert (storage.obs == UINT8_MARKER).all()
     assert (storage.actions == -1).all() and (storage.policy_version == -1).all()
@@ -15,7 +28,7 @@ def test_new_storage_is_marked_unwritten():
 
 
 def test_insert_fills_every_step_once():
-    storage = RolloutStorage(3, 2, (4,), torch.float32, (), torch.int64)
+    storage = rollout(3, 2, (4,))
     for t in range(3):
         storage.insert(t, torch.full((2, 4), float(t)), torch.tensor([t, t]), torch.zeros(2), torch.zeros(2),
                        torch.ones(2), torch.full((2,), 0.99), version=7)
@@ -27,7 +40,7 @@ def test_insert_fills_every_step_once():
 
 
 def test_env_columns_keep_time_order():
-    storage = RolloutStorage(2, 4, (1,), torch.float32, (), torch.int64)
+    storage = rollout(2, 4, (1,))
     storage.obs.copy_(torch.arange(12, dtype=torch.float32).view(3, 4, 1))
     sub = env_columns(storage.batch(), torch.tensor([3, 1]))
     assert sub["obs"][..., 0].tolist() == [[3, 1], [7, 5], [11, 9]]
@@ -39,7 +52,7 @@ def test_drop_step_masks_the_lost_step_and_bootstraps_the_steps_before_from_its_
     from conveyor.returns import nstep_returns
 
     T, B, gamma = 4, 2, 0.9
-    storage = RolloutStorage(T, B, (1,), torch.float32, (), torch.int64)
+    storage = rollout(T, B, (1,))
     values = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0], [7.0, 8.0]])
     for step in range(T):
         storage.insert(step, torch.zeros(B, 1), torch.zeros(B, dtype=torch.int64), torch.zeros(B), values[step],
@@ -58,7 +71,7 @@ def test_drop_step_masks_the_lost_step_and_bootstraps_the_steps_before_from_its_
 
 
 def test_unwrite_puts_the_markers_back_in_the_given_columns():
-    storage = RolloutStorage(2, 3, (1,), torch.float32, (), torch.int64)
+    storage = rollout(2, 3, (1,))
     for step in range(2):
         storage.insert(step, torch.ones(3, 1), torch.ones(3, dtype=torch.int64), torch.ones(3), torch.ones(3),
                        torch.ones(3), torch.ones(3), 0)
@@ -66,3 +79,91 @@ def test_unwrite_puts_the_markers_back_in_the_given_columns():
     assert storage.unwritten_steps() == 2
     assert torch.isnan(storage.rewards[:, 1]).all() and (storage.actions[:, 1] == -1).all()
     assert (storage.rewards[:, [0, 2]] == 1).all()
+
+
+# ---- the rollout schema --------------------------------------------------------------------------
+
+SPACES = {
+    "vector obs, discrete actions": (gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(3)),
+    "pixel obs, continuous actions": (gym.spaces.Box(0, 255, (2, 6, 5), np.uint8),
+                                      gym.spaces.Box(-1, 1, (2,), np.float32)),
+}
+LSTM_STATE = {"state_h": FieldSpec((7,), torch.float32, "start")}
+
+
+def full_schema(obs_space: gym.Space, action_space: gym.Space) -> RolloutSchema:
+    """Every standard field, and a recurrent state as an extra."""
+    obs, action = observation_field(obs_space), action_field(policy_family(action_space))
+    return RolloutSchema(obs, action, standard_fields(obs, action), LSTM_STATE)
+
+
+def is_marker(values: torch.Tensor) -> bool:
+    if values.dtype.is_floating_point:
+        return bool(torch.isnan(values).all())
+    if values.dtype == torch.uint8:
+        return bool((values == UINT8_MARKER).all())
+    if values.dtype == torch.bool:
+        return not values.any()
+    return bool((values == -1).all())
+
+
+@pytest.mark.parametrize("spaces", SPACES.values(), ids=SPACES.keys())
+def test_torch_storage_and_shared_arrays_of_one_schema_agree(spaces):
+    obs_space, action_space = spaces
+    schema = full_schema(obs_space, action_space)
+    T, B, slots = 4, 3, 2
+    tensors = schema.tensors(T, B)
+    specs = schema.array_specs(slots, T, envs=B, prefix="seg_")
+    assert [spec.name for spec in specs] == [f"seg_{name}" for name in tensors] == [f"seg_{name}" for name in
+                                                                                    schema.fields]
+    shared = SharedArrays(specs)
+    try:
+        for name, tensor in tensors.items():
+            slot = torch.from_numpy(shared[f"seg_{name}"][1])
+            assert (slot.shape, slot.dtype) == (tensor.shape, tensor.dtype), name
+    finally:
+        shared.close()
+    # Time-major [T(+1), B, ...] by time kind; the spaces and the policy family fix obs and actions.
+    assert tensors["obs"].shape == (T + 1, B, *obs_space.shape)
+    assert tensors["obs"].dtype == torch.from_numpy(obs_space.sample()).dtype
+    assert tensors["behaviour_value"].shape == tensors["first"].shape == (T + 1, B)
+    assert tensors["rewards"].shape == tensors["policy_version"].shape == (T, B)
+    assert tensors["final_obs"].shape == (T, B, *obs_space.shape)
+    assert tensors["state_h"].shape == (B, 7)
+    discrete = isinstance(action_space, gym.spaces.Discrete)
+    assert tensors["actions"].shape == (T, B, *action_space.shape) and tensors["prev_action"].shape[2:] == \
+        action_space.shape
+    assert tensors["actions"].dtype == tensors["prev_action"].dtype == (torch.int64 if discrete else torch.float32)
+    # Without an env axis (GA3C: one env per segment) the slot holds [T(+1), ...].
+    unbatched = {spec.name: spec.shape for spec in schema.array_specs(slots, T)}
+    assert unbatched["obs"] == (slots, T + 1, *obs_space.shape) and unbatched["state_h"] == (slots, 7)
+
+
+@pytest.mark.parametrize("spaces", SPACES.values(), ids=SPACES.keys())
+def test_fresh_buffers_of_a_schema_hold_the_markers(spaces):
+    schema = full_schema(*spaces)
+    for name, tensor in schema.tensors(2, 3).items():
+        assert is_marker(tensor), name
+    queue = UnrollQueue(2, schema.fields, capacity=2)
+    for name, tensor in queue.pool.items():
+        assert is_marker(tensor), name
+    shared = SharedArrays(schema.array_specs(2, 2, envs=3))  # zeroed memory; fill_marker marks it
+    try:
+        for name in schema.fields:
+            fill_marker(shared[name])
+            assert is_marker(torch.from_numpy(shared[name])), name
+    finally:
+        shared.close()
+
+
+def test_schema_names_standard_fields_and_declares_the_rest():
+    obs, action = FieldSpec((4,), torch.float32), FieldSpec((), torch.int64)
+    with pytest.raises(ValueError, match="unknown rollout fields \\['logp'\\]"):
+        RolloutSchema(obs, action, ("obs", "logp"))
+    with pytest.raises(ValueError, match="standard rollout fields"):
+        RolloutSchema(obs, action, ("obs",), {"rewards": FieldSpec((), torch.float32)})
+    with pytest.raises(ValueError, match="needs the rollout fields \\['behaviour_value'\\]"):
+        RolloutStorage(RolloutSchema(obs, action, [n for n in ROLLOUT_FIELDS if n != "behaviour_value"]), 2, 2)
+    storage = RolloutStorage(RolloutSchema(obs, action, ROLLOUT_FIELDS, {"uniforms": FieldSpec((), torch.float32)}),
+                             2, 3)
+    assert storage.uniforms.shape == (2, 3) and set(storage.batch()) == {*ROLLOUT_FIELDS, "uniforms", "valid"}

@@ -289,7 +289,8 @@ def test_dead_worker_is_restarted_with_its_envs_on_their_next_episodes():
         assert venv.restarts == 1
         assert not venv.step(np.full(4, 9)).restarted.any()
         os.kill(venv.worker_pids[0], signal.SIGKILL)
-        with pytest.raises(WorkerFailure, match=r"env worker 0 .*SIGKILL.* after 1 restarts: raise --max-restarts"):
+        with pytest.raises(WorkerFailure, match=r"env worker 0 .*SIGKILL.*; the run's 1 restarts reach max_restarts=1: "
+                                                r"raise --max-restarts"):
             venv.step(np.zeros(4, int))
 
 

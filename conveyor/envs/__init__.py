@@ -10,10 +10,12 @@
   ``StepResult`` with auto-reset, ``final_obs`` and per-episode returns.
 """
 
-from conveyor.envs.make import EPISODE_KEY, env_spaces, episode_seed, make_env
+from conveyor.envs.gym_api import EPISODE_KEY
+from conveyor.envs.make import env_spaces, episode_seed, make_env
 from conveyor.envs.step_time import ENV_ID as STEP_TIME_ID
 from conveyor.envs.step_time import register as _register_step_time
-from conveyor.envs.vector import ObsShapeError, ShmVectorEnv, StepResult, VectorEnv, make_vector_env
+from conveyor.envs.vector import ObsShapeError, ShmVectorEnv, make_vector_env
+from conveyor.envs.vector_api import StepResult, VectorEnv
 
 _register_step_time()
 

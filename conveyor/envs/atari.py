@@ -28,7 +28,7 @@ import gymnasium as gym
 import numpy as np
 
 from conveyor.config import ConfigError, EnvCfg
-from conveyor.envs.make import EPISODE_KEY, LIFE_CONTINUED_KEY, gym_make
+from conveyor.envs.gym_api import EPISODE_KEY, LIFE_CONTINUED_KEY, gym_make
 
 SCREEN_SIZE = 84
 NOOP_ACTION = 0  # index 0 of every ALE minimal action set is NOOP

@@ -32,7 +32,7 @@ import numpy as np
 
 from conveyor.config import ConfigError, EnvCfg
 from conveyor.envs.atari import SCREEN_SIZE
-from conveyor.envs.vector import StepResult
+from conveyor.envs.vector_api import StepResult
 
 _ATARI_FRAMES_PER_EPISODE = 108_000  # ALE v5's max_num_frames_per_episode
 # env_args the envpool Atari config understands under the same name as ALE's, with the type it insists on.

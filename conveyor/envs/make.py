@@ -5,54 +5,46 @@ info: ``info[EPISODE_KEY] = {"r": unclipped return, "l": length in agent
 steps, "t": seconds}`` at the episode's last step (gymnasium's
 ``RecordEpisodeStatistics``, placed below any reward clipping and episodic
 life). Training code reads returns from there, never by summing the
-training reward, which may be clipped.
+training reward, which may be clipped or normalized.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import gymnasium as gym
 import numpy as np
 
-from conveyor.config import ConfigError, EnvCfg
+from conveyor.config import EnvCfg
+from conveyor.envs.atari import make_atari
+from conveyor.envs.gym_api import EPISODE_KEY, gym_make
 
-EPISODE_KEY = "episode"
-"""Info key of a finished real episode's statistics (``r`` return, ``l`` length)."""
-LIFE_CONTINUED_KEY = "life_continued"
-"""Reset-info key set (True) when a reset continued the game instead of starting one (Atari episodic life):
-the game's state then depends on the actions before the reset too."""
-
-_ID_HINT = "use a gymnasium id such as CartPole-v1, ALE/Pong-v5 or HalfCheetah-v5"
+NORMALIZED_REWARD_CLIP = 10.0
+"""``normalize_reward`` clips the scaled training reward to [-10, 10] (as SB3's ``VecNormalize``)."""
 
 
-def gym_make(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
-    """``gymnasium.make`` whose id and keyword mistakes raise ``ConfigError``."""
-    try:
-        return gym.make(env_id, **kwargs)
-    except (gym.error.UnregisteredEnv, gym.error.DeprecatedEnv, ModuleNotFoundError) as exc:
-        reason = " ".join(str(exc).split())
-        raise ConfigError(f"unknown env id {env_id!r} ({reason}): {_ID_HINT}") from None
-    except TypeError as exc:
-        if "unexpected keyword argument" not in str(exc):
-            raise
-        raise ConfigError(f"env {env_id!r} rejects env_args {sorted(kwargs)}: {exc}") from None
-
-
-def make_env(cfg: EnvCfg, seed: int) -> gym.Env:
+def make_env(cfg: EnvCfg, seed: int, gamma: float | None = None) -> gym.Env:
     """One env for ``cfg.id`` (any gymnasium id; Atari ids get the standard preprocessing).
 
     The env comes back already reset once with ``seed``, which fixes all of
     its random streams (dynamics, no-op starts, sticky actions); call
     ``reset()`` without a seed to start each episode. ``cfg.env_args`` go to
     the env's constructor. Unknown ids raise ``ConfigError``.
+
+    With ``cfg.normalize_reward`` and the run's discount ``gamma``, the
+    training reward is divided by the running std of this env's
+    ``gamma``-discounted return and clipped to +-``NORMALIZED_REWARD_CLIP``
+    (gymnasium's ``NormalizeReward``, outside the episode statistics, so
+    returns stay in env units). The statistics live in the env: they start
+    afresh when its worker restarts or a run resumes. Without ``gamma``
+    (evaluation, which reads only episode statistics) rewards are left as
+    they are.
     """
     if cfg.is_atari:
-        from conveyor.envs.atari import make_atari
-
         env = make_atari(cfg)
     else:
         env = gym.wrappers.RecordEpisodeStatistics(gym_make(cfg.id, cfg.kwargs), stats_key=EPISODE_KEY)
+    if cfg.normalize_reward and gamma is not None:
+        env = gym.wrappers.ClipReward(gym.wrappers.NormalizeReward(env, gamma),
+                                      -NORMALIZED_REWARD_CLIP, NORMALIZED_REWARD_CLIP)
     env.reset(seed=seed)
     env.action_space.seed(seed)
     return env

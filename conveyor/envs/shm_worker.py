@@ -6,7 +6,7 @@ with one status byte on its reply pipe; no data travels through the pipes.
 It runs as ``python -c "from conveyor.envs.shm_worker import main; main()"``
 and reads from stdin, once, the parent's ``sys.path`` (so ids like
 ``pkg.module:Env-v0`` import the same modules) and its ``WorkerSpec``, as
-JSON (``conveyor.procs.send_child_spec``). It imports neither
+JSON (``conveyor.procs.start_child``). It imports neither
 torch nor the parent's ``__main__``, so it starts in the time numpy and
 gymnasium take to import.
 """
@@ -14,16 +14,16 @@ gymnasium take to import.
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import traceback
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from conveyor.envs.make import LIFE_CONTINUED_KEY, episode_seed
+from conveyor.envs.gym_api import EPISODE_KEY, LIFE_CONTINUED_KEY
+from conveyor.envs.make import episode_seed, make_env
 from conveyor.storage.shm import ArraySpec, SharedArrays
-from conveyor.procs import receive_child_spec
+from conveyor.procs import child_prologue
 
 # Commands, master -> worker.
 CMD_STEP = b"s"
@@ -65,6 +65,8 @@ class WorkerSpec(NamedTuple):
     seed: int
     """Seed of the vector env; global env i is made with ``seed + i`` and its episode k starts with
     ``reset(seed=episode_seed(seed, i, k))``."""
+    gamma: float | None
+    """The run's discount, for ``EnvCfg.normalize_reward`` (``make_env``); None leaves rewards as they are."""
     first_env: int
     """Global index of this worker's first env."""
     num_envs: int
@@ -94,8 +96,6 @@ class EnvWorker:
     """Steps ``spec.num_envs`` envs whose data lives in rows ``[first_env, first_env + num_envs)``."""
 
     def __init__(self, spec: WorkerSpec, shared: SharedArrays) -> None:
-        from conveyor.envs.make import EPISODE_KEY, make_env
-
         self.spec = spec
         self.episode_key = EPISODE_KEY
         self.next_episode = list(spec.episodes)
@@ -115,7 +115,7 @@ class EnvWorker:
         self.obs_shape = self.obs.shape[1:]
         # Discrete actions go to envs as Python ints; others as arrays.
         self.int_actions = self.actions.ndim == 1 and self.actions.dtype.kind in "iu"
-        self.envs = [make_env(spec.env_cfg, spec.seed + spec.first_env + i) for i in range(spec.num_envs)]
+        self.envs = [make_env(spec.env_cfg, spec.seed + spec.first_env + i, spec.gamma) for i in range(spec.num_envs)]
 
     def put(self, rows: np.ndarray, i: int, obs: Any) -> None:
         if np.shape(obs) != self.obs_shape:
@@ -239,9 +239,7 @@ class EnvWorker:
 
 
 def main() -> None:
-    # Ctrl-C reaches the whole process group; the master decides when workers stop.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    spec: WorkerSpec = receive_child_spec(WorkerSpec)
+    spec: WorkerSpec = child_prologue(WorkerSpec)
     shared = SharedArrays(spec.array_specs, spec.shm_fd)
     try:
         worker = EnvWorker(spec, shared)

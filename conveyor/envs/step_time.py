@@ -1,8 +1,9 @@
 """A synthetic env whose step time follows a chosen distribution.
 
 ``conveyor/StepTime-v0`` exists for throughput studies: its per-step cost is
-a known random variable, so the HTS-RL analysis (DESIGN.md, claim 1, eq. 7)
-predicts the runtime of a run on it. Each step takes
+a known random variable, so the HTS-RL analysis (claim 1, eq. 7, in
+docs/design.md "Throughput models") predicts the runtime of a run on it.
+Each step takes
 
 - ``dist="constant"``: exactly ``mean_ms``;
 - ``dist="exponential"`` (default): Exponential with mean ``mean_ms``;

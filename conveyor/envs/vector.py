@@ -31,17 +31,16 @@ from __future__ import annotations
 
 import os
 import select
-import signal
 import subprocess
-import sys
 import weakref
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
 
 from conveyor.config import ConfigError, EnvCfg
 from conveyor.errors import WorkerDied, WorkerFailure
+from conveyor.envs.envpool_backend import EnvpoolVectorEnv
 from conveyor.envs.history import EnvHistory
 from conveyor.envs.make import env_spaces
 from conveyor.envs.shm_worker import (
@@ -55,88 +54,37 @@ from conveyor.envs.shm_worker import (
     REPLY_OK,
     WorkerSpec,
 )
+from conveyor.envs.vector_api import StepResult, VectorEnv
 from conveyor.storage.shm import SharedArrays
-from conveyor.procs import reap, send_child_spec, start_child
+from conveyor.procs import RestartBudget, close_children, exit_reason, reap, start_child
 
 _WORKER_ENTRY = "from conveyor.envs.shm_worker import main; main()"
 _SUPPORTED_SPACES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
-_CLOSE_GRACE_S = 5.0
-
-
-class StepResult(NamedTuple):
-    """One step of B envs. Rows are envs; every field is a numpy array.
-
-    When env i's episode ends at this step (``terminated[i] | truncated[i]``),
-    the env has already been reset: ``obs[i]`` is the new episode's first
-    observation and ``final_obs[i]`` the finished episode's last one (needed
-    to bootstrap a truncated episode). ``final_obs`` rows of envs that did not
-    finish hold stale data.
-    """
-
-    obs: np.ndarray
-    """[B, *obs_shape] the observation to act on next."""
-    reward: np.ndarray
-    """[B] float32 training reward (clipped to its sign for Atari when ``clip_rewards``)."""
-    terminated: np.ndarray
-    """[B] bool: the episode reached a terminal state (for Atari with ``episodic_life``: also a lost life)."""
-    truncated: np.ndarray
-    """[B] bool: the episode was cut (time limit, or the env raised and was reset); bootstrap from ``final_obs``."""
-    final_obs: np.ndarray
-    """[B, *obs_shape] last observation of the finished episode, valid where ``terminated | truncated``."""
-    episode_return: np.ndarray
-    """[B] float64 unclipped return of a real episode that ended at this step, NaN elsewhere."""
-    episode_length: np.ndarray
-    """[B] int64 length in agent steps of that episode, 0 elsewhere."""
-    restarted: np.ndarray
-    """[B] bool: env i's worker died during this step and was restarted: the transition is lost, ``obs[i]``
-    starts a new episode and no other field of row i is meaningful."""
 
 
 class ObsShapeError(WorkerFailure):
     """An env returned an observation whose shape differs from the one it started with."""
 
 
-class VectorEnv(Protocol):
-    """What every backend offers (``ShmVectorEnv``, ``EnvpoolVectorEnv``)."""
-
-    num_envs: int
-    single_observation_space: gym.Space
-    single_action_space: gym.Space
-    restarts: int
-    """Dead workers replaced so far."""
-    history: EnvHistory | None
-    """How to rebuild every env (None when the backend cannot)."""
-
-    def reset(self) -> np.ndarray: ...
-
-    def step_async(self, actions: Any) -> None: ...
-
-    def step_wait(self) -> StepResult: ...
-
-    def step(self, actions: Any) -> StepResult: ...
-
-    def close(self) -> None: ...
-
-
-def make_vector_env(cfg: EnvCfg, seed: int, *, copy: bool = True, restart_workers: bool = False,
-                    env_state: dict[str, Any] | None = None) -> VectorEnv:
+def make_vector_env(cfg: EnvCfg, seed: int, *, gamma: float | None = None, copy: bool = True,
+                    restart_workers: bool = False, env_state: dict[str, Any] | None = None) -> VectorEnv:
     """``cfg.num_envs`` envs stepped together by ``cfg.backend`` (``shm`` or ``envpool``).
 
     Env i is seeded with ``seed + i``. ``step`` returns a ``StepResult``. With
     ``copy=False`` its arrays (and ``reset``'s) are views into buffers that
     the next ``reset``/``step`` overwrites: use it when the caller copies
-    the data out at once, to avoid allocating every step. ``restart_workers``
-    and ``env_state``: see ``ShmVectorEnv`` (the ``shm`` backend only). Call
-    ``close()`` (or use ``with``) when done; it also runs at interpreter exit.
+    the data out at once, to avoid allocating every step. ``gamma`` is the
+    run's discount, which ``cfg.normalize_reward`` needs (``make_env``).
+    ``restart_workers`` and ``env_state``: see ``ShmVectorEnv`` (the ``shm``
+    backend only). Call ``close()`` (or use ``with``) when done; it also runs
+    at interpreter exit.
     """
     if cfg.backend == "envpool":
         if env_state is not None:
             raise ConfigError("the envpool backend cannot rebuild its envs from a checkpoint: resume with "
                               "--env-backend shm")
-        from conveyor.envs.envpool_backend import EnvpoolVectorEnv
-
         return EnvpoolVectorEnv(cfg, seed, copy=copy)
-    return ShmVectorEnv(cfg, seed, copy=copy, restart_workers=restart_workers, env_state=env_state)
+    return ShmVectorEnv(cfg, seed, gamma=gamma, copy=copy, restart_workers=restart_workers, env_state=env_state)
 
 
 class _Worker(NamedTuple):
@@ -152,23 +100,9 @@ class _Worker(NamedTuple):
                 f"{self.first_env}-{self.first_env + self.num_envs - 1})")
 
 
-def exit_reason(code: int | None) -> str:
-    if code is None:
-        return "still running"
-    if code < 0:
-        return f"killed by signal {signal.Signals(-code).name}"
-    return f"exit code {code}"
-
-
 def _shutdown(workers: list[_Worker], shared: SharedArrays) -> None:
     """Stop the workers (politely, then by force), close the pipes, release the memory block."""
-    for worker in workers:
-        try:
-            os.write(worker.command_fd, CMD_CLOSE)
-        except OSError:
-            pass  # already gone
-        os.close(worker.command_fd)
-    reap([worker.process for worker in workers], _CLOSE_GRACE_S)
+    close_children([worker.process for worker in workers], [worker.command_fd for worker in workers], CMD_CLOSE)
     for worker in workers:
         os.close(worker.reply_fd)
     shared.close()
@@ -177,10 +111,12 @@ def _shutdown(workers: list[_Worker], shared: SharedArrays) -> None:
 class ShmVectorEnv:
     """B envs stepped in lockstep by worker processes over shared memory (see the module docstring)."""
 
-    def __init__(self, cfg: EnvCfg, seed: int, *, copy: bool = True, poll_interval_s: float = 1.0,
-                 restart_workers: bool = False, env_state: dict[str, Any] | None = None) -> None:
+    def __init__(self, cfg: EnvCfg, seed: int, *, gamma: float | None = None, copy: bool = True,
+                 poll_interval_s: float = 1.0, restart_workers: bool = False,
+                 env_state: dict[str, Any] | None = None) -> None:
         self.cfg = cfg
         self.seed = seed
+        self.gamma = gamma
         self.num_envs = cfg.num_envs
         self.num_workers = cfg.num_workers
         self.copy = copy
@@ -201,8 +137,7 @@ class ShmVectorEnv:
                                  shared["final_obs"], shared["episode_return"], shared["episode_length"],
                                  self._restarted)
         self.restart_workers = restart_workers
-        self.restarts = 0
-        """Workers restarted so far."""
+        self.restart_budget = RestartBudget(cfg.max_restarts)
         self.history = EnvHistory.from_state(env_state) if env_state else EnvHistory(cfg.num_envs)
         self._replaying = env_state is not None
         self._workers: list[_Worker] = []
@@ -220,6 +155,11 @@ class ShmVectorEnv:
             raise
 
     # -- public API --------------------------------------------------------
+
+    @property
+    def restarts(self) -> int:
+        """Workers restarted so far."""
+        return self.restart_budget.restarts
 
     @property
     def worker_pids(self) -> list[int]:
@@ -292,7 +232,11 @@ class ShmVectorEnv:
         rows = slice(index * per_worker, (index + 1) * per_worker)
         command_read, command_write = os.pipe()
         reply_read, reply_write = os.pipe()
-        process = start_child(_WORKER_ENTRY, (self._shared.fd, command_read, reply_write))
+        replay = tuple(tuple(plan) for plan in self.history.replay_plan()[rows]) if self._replaying else ()
+        spec = WorkerSpec(index, self.cfg, self.seed, self.gamma, index * per_worker, per_worker,
+                          tuple(self.history.next_episode[rows].tolist()), replay, self._shared.specs,
+                          self._shared.fd, command_read, reply_write)
+        process = start_child(_WORKER_ENTRY, spec, (self._shared.fd, command_read, reply_write))
         os.close(command_read)
         os.close(reply_write)
         worker = _Worker(index, process, command_write, reply_read, index * per_worker, per_worker)
@@ -302,14 +246,6 @@ class ShmVectorEnv:
             self._workers.append(worker)
         self._worker_by_fd[reply_read] = worker
         self._poller.register(reply_read, select.POLLIN)
-        replay = tuple(tuple(plan) for plan in self.history.replay_plan()[rows]) if self._replaying else ()
-        spec = WorkerSpec(index, self.cfg, self.seed, worker.first_env, per_worker,
-                          tuple(self.history.next_episode[rows].tolist()), replay, self._shared.specs,
-                          self._shared.fd, command_read, reply_write)
-        try:
-            send_child_spec(process.stdin, spec)
-        except BrokenPipeError:
-            pass  # it died at start; _collect reports it
         return worker
 
     def _restart(self, worker: _Worker, action: str) -> None:
@@ -317,13 +253,11 @@ class ShmVectorEnv:
         failure = self._died(worker, action)
         if not self.restart_workers:
             raise failure
-        if self.restarts >= self.cfg.max_restarts:
-            raise self._fail(WorkerFailure(f"{failure} after {self.restarts} restarts: raise --max-restarts "
-                                           f"(now {self.cfg.max_restarts}) or fix what kills it"))
+        try:
+            self.restart_budget.spend(str(failure))
+        except WorkerFailure as spent:
+            raise self._fail(spent) from None
         self._broken = ""
-        self.restarts += 1
-        print(f"conveyor: {failure}; restarting it ({self.restarts} of at most {self.cfg.max_restarts} restarts)",
-              file=sys.stderr, flush=True)
         self._poller.unregister(worker.reply_fd)
         del self._worker_by_fd[worker.reply_fd]
         for fd in (worker.command_fd, worker.reply_fd):
@@ -355,12 +289,9 @@ class ShmVectorEnv:
         return error
 
     def _died(self, worker: _Worker, action: str) -> Exception:
-        try:
-            code = worker.process.wait(timeout=1.0)
-        except subprocess.TimeoutExpired:  # its pipe closed but the process lingers
-            code = None
+        reap([worker.process])  # its pipe closed: it is exiting, or it lingers and is killed
         return self._fail(WorkerDied(f"{worker.describe()} of {self.cfg.id!r} died while {action} "
-                                     f"({exit_reason(code)}); see its output above"))
+                                     f"({exit_reason(worker.process.returncode)}); see its output above"))
 
     def _message(self, worker: _Worker) -> str:
         raw = self._shared["message"][worker.index].tobytes()

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from conveyor.storage.rollout import marker_tensor
+from conveyor.storage.schema import marker_tensor
 
 Batch = dict[str, Tensor]
 Attach = Callable[[Batch], Batch]

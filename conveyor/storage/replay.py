@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from conveyor.config import ConfigError
-from conveyor.storage.rollout import marker_tensor
+from conveyor.storage.schema import marker_tensor
 from conveyor.storage.sum_tree import SumTree
 
 STATE_KEYS = ("state_h", "state_c")

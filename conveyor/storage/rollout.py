@@ -1,10 +1,10 @@
 """Rollout storage: one ``[T, B]`` time-major block of transitions.
 
 The storage owns its memory; the runner writes step ``t`` in place and the
-learner reads the whole block as a batch dict (see DESIGN.md "Data
-conventions"). New buffers are filled with marker values (NaN for floats,
--1 for integers, 0xAB for uint8) so that reading a step nobody wrote shows at
-once, in ``unwritten_steps`` and in any loss it would poison.
+learner reads the whole block as a batch dict (see docs/design.md "Data
+conventions"). Its fields come from a ``RolloutSchema`` and start as marker
+values (``conveyor.storage.schema``), so that reading a step nobody wrote
+shows at once, in ``unwritten_steps`` and in any loss it would poison.
 """
 
 from __future__ import annotations
@@ -12,43 +12,36 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-UINT8_MARKER = 0xAB
+from conveyor.storage.schema import RolloutSchema, marker_tensor
 
-
-def marker_tensor(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str = "cpu") -> Tensor:
-    """A new tensor filled with the 'never written' marker of its dtype."""
-    if dtype.is_floating_point:
-        fill: float | int = float("nan")
-    elif dtype == torch.uint8:
-        fill = UINT8_MARKER
-    elif dtype == torch.bool:
-        fill = False
-    else:
-        fill = -1
-    return torch.full(shape, fill, dtype=dtype, device=device)
+ROLLOUT_FIELDS = ("obs", "actions", "rewards", "discounts", "behaviour_logp", "behaviour_value", "policy_version")
+"""What a synchronous rollout (PAAC, HTS) holds: the schema of a ``RolloutStorage`` names at least these."""
 
 
 class RolloutStorage:
-    """``obs [T+1, B, ...]``, ``actions``, ``rewards``, ``discounts``, ``behaviour_logp``,
-    ``behaviour_value [T+1, B]``, ``policy_version`` and ``valid`` for T steps of B envs.
+    """The ``schema``'s fields for T steps of B envs: ``obs [T+1, B, ...]``, ``actions``, ``rewards``,
+    ``discounts``, ``behaviour_logp``, ``behaviour_value [T+1, B]``, ``policy_version`` and any extras.
 
-    ``valid [T, B]`` (bool, true unless ``drop_step`` cleared it) is a mask, not data: it starts true.
-
-    ``uniforms [T, B, ...]`` holds the per-step uniform numbers that picked the
-    actions when the architecture samples by inverse CDF (HTS).
+    Each field is an attribute (``storage.rewards``) and an entry of ``batch()``. ``valid [T, B]`` (bool,
+    true unless ``drop_step`` cleared it) is a mask, not data: it starts true.
     """
 
-    def __init__(self, T: int, B: int, obs_shape: tuple[int, ...], obs_dtype: torch.dtype,
-                 action_shape: tuple[int, ...], action_dtype: torch.dtype, device: torch.device | str = "cpu"):
+    def __init__(self, schema: RolloutSchema, T: int, B: int, device: torch.device | str = "cpu"):
+        missing = [name for name in ROLLOUT_FIELDS if name not in schema.fields]
+        if missing:
+            raise ValueError(f"RolloutStorage needs the rollout fields {missing}: name them in its schema")
+        starts = [name for name, spec in schema.fields.items() if spec.kind == "start"]
+        if starts:  # every field here has its env axis second
+            raise ValueError(f"RolloutStorage holds obs and step fields, not the start fields {starts}")
         self.T, self.B = T, B
-        self.obs = marker_tensor((T + 1, B, *obs_shape), obs_dtype, device)
-        self.actions = marker_tensor((T, B, *action_shape), action_dtype, device)
-        self.rewards = marker_tensor((T, B), torch.float32, device)
-        self.discounts = marker_tensor((T, B), torch.float32, device)
-        self.behaviour_logp = marker_tensor((T, B), torch.float32, device)
-        self.behaviour_value = marker_tensor((T + 1, B), torch.float32, device)
-        self.policy_version = marker_tensor((T, B), torch.int64, device)
+        self.data = schema.tensors(T, B, device)
         self.valid = torch.ones((T, B), dtype=torch.bool, device=device)
+
+    def __getattr__(self, name: str) -> Tensor:
+        try:
+            return self.__dict__["data"][name]
+        except KeyError:
+            raise AttributeError(f"RolloutStorage has no field {name!r}") from None
 
     def insert(self, t: int, obs: Tensor, actions: Tensor, logp: Tensor, value: Tensor, rewards: Tensor,
                discounts: Tensor, version: int | Tensor) -> None:
@@ -66,8 +59,7 @@ class RolloutStorage:
 
     def unwrite(self, envs: Tensor) -> None:
         """Put the marker values back into every step of env columns ``envs`` (their data is void)."""
-        for tensor in (self.obs, self.actions, self.rewards, self.discounts, self.behaviour_logp,
-                       self.behaviour_value, self.policy_version):
+        for tensor in self.data.values():
             tensor[:, envs] = marker_tensor((), tensor.dtype, tensor.device)
         self.valid[:, envs] = True
 
@@ -86,16 +78,7 @@ class RolloutStorage:
             self.behaviour_value[self.T].copy_(value)
 
     def batch(self) -> dict[str, Tensor]:
-        return {
-            "obs": self.obs,
-            "actions": self.actions,
-            "rewards": self.rewards,
-            "discounts": self.discounts,
-            "behaviour_logp": self.behaviour_logp,
-            "behaviour_value": self.behaviour_value,
-            "policy_version": self.policy_version,
-            "valid": self.valid,
-        }
+        return {**self.data, "valid": self.valid}
 
     def unwritten_steps(self) -> int:
         """Transitions still holding the marker (a completed rollout has none)."""

@@ -11,12 +11,11 @@ during the call) and the slot starts its next unroll from that observation
 consecutive sequences overlap (R2D2 stores 80-step sequences overlapping by
 40).
 
-A field has one of three kinds (``FieldSpec.kind``):
-
-- ``"obs"``: one entry per observation, ``[T + 1, ...]`` (obs, episode starts);
-- ``"step"``: one entry per acting step, ``[T, ...]`` (actions, rewards, logp);
-- ``"start"``: written each step, emitted only at the unroll's first step
-  ``[...]`` (the recurrent state the unroll starts from).
+Fields are ``FieldSpec``s of a ``RolloutSchema`` (``conveyor.storage.schema``),
+whose time kind says what a finished unroll holds: ``obs`` fields
+``[T + 1, ...]``, ``step`` fields ``[T, ...]``, ``start`` fields ``[...]``
+(written each step, emitted only at the unroll's first step: the recurrent
+state the unroll starts from).
 
 ``UnrollQueue`` is the FIFO between inference and training: a pool of
 ``capacity`` unroll slots (it owns the memory) and free/full queues that
@@ -30,36 +29,16 @@ from __future__ import annotations
 
 import queue
 import threading
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
 from torch import Tensor
 
-from conveyor.storage.rollout import marker_tensor
-
-FIELD_KINDS = ("obs", "step", "start")
-
-
-@dataclass(frozen=True)
-class FieldSpec:
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    kind: str = "step"
-
-    def __post_init__(self) -> None:
-        if self.kind not in FIELD_KINDS:
-            raise ValueError(f"unknown field kind {self.kind!r}: choose one of {', '.join(FIELD_KINDS)}")
-
+from conveyor.storage.schema import FieldSpec, marker_tensor
 
 Unroll = dict[str, Tensor]
 UnrollSink = Callable[[int, Unroll], None]
 """``sink(slot, unroll)``: receives each finished unroll (views; copy what you keep)."""
-
-
-def emitted_shape(spec: FieldSpec, T: int) -> tuple[int, ...]:
-    """The shape of ``spec``'s entry in a finished unroll of T steps."""
-    return {"obs": (T + 1, *spec.shape), "step": (T, *spec.shape), "start": spec.shape}[spec.kind]
 
 
 class PartialUnrolls:
@@ -151,7 +130,7 @@ class UnrollQueue:
         self.fields = dict(fields)
         self.capacity = capacity
         self.stop = stop or threading.Event()
-        self.pool = {name: marker_tensor((capacity, *emitted_shape(spec, unroll)), spec.dtype)
+        self.pool = {name: marker_tensor((capacity, *spec.time_dims(unroll), *spec.shape), spec.dtype)
                      for name, spec in self.fields.items()}
         self._free: queue.Queue[int] = queue.Queue()
         self._full: queue.Queue[int] = queue.Queue()

@@ -1,0 +1,140 @@
+"""``conveyor bench``: run a suite of runs one after another and write a results folder.
+
+A suite (``suites.py``) is a list of runs: architectures x algorithms x envs
+x seeds, each with a budget of env steps and a wall-time cap, or a peer
+framework (stable-baselines3 A2C/PPO, Sample Factory APPO; ``peers.py``)
+configured with the same env, model, number of envs and n-steps. Suites:
+``quick``, ``atari``, ``mujoco``, ``peers`` and ``learning`` (``--quick``:
+its CartPole-only part), which runs each architecture with nothing but its
+presets and holds the returns against thresholds and published numbers.
+
+Each run executes in a child process of its own session (``child.py``,
+``python -m conveyor.bench.child SPEC``). A run that raises, crashes or
+outlives its timeout (its whole process group is ended) is recorded as failed
+with a one-line error; a peer that is not installed, or an env whose package
+is missing, is recorded as skipped; the suite continues either way.
+
+The results folder ``OUT`` holds ``results.csv`` (one row per run), the
+report ``results.md`` with its plots (``report.py``) and ``runs/<name>/``
+(each run's own directory, with ``bench.log``). Results are rewritten after
+every run, so an interrupted suite leaves what it finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from conveyor.bench.report import row_line, update_markdown_section, write_csv, write_results
+from conveyor.bench.suites import SUITES, Suite, learning_suite
+from conveyor.config import ConfigError
+
+__all__ = ["add_arguments", "main", "run_suite", "update_markdown_section", "write_csv"]
+
+
+def run_suite(suite: Suite, out_dir: Path | str, *, log: Callable[[str], None] = print,
+              markdown: Path | None = None) -> list[dict[str, Any]]:
+    """Run every run of ``suite`` in turn; writes the results folder after each; returns the rows."""
+    # Imported here: the package must not hold conveyor.bench.child when `python -m` starts it as a child.
+    from conveyor.bench.child import execute
+
+    out = Path(out_dir)
+    try:
+        (out / "runs").mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(f"bench output dir {out} is not writable ({error.strerror}): pass another --out") from None
+    rows: list[dict[str, Any]] = []
+    started = time.perf_counter()
+    for index, run in enumerate(suite.runs, 1):
+        log(f"[{index}/{len(suite.runs)}] {run.label} ...")
+        row = execute(run, out / "runs" / run.name)
+        rows.append(row)
+        log(f"    {row_line(row)}")
+        write_results(suite, out, rows, time.perf_counter() - started, markdown=None)
+    elapsed = time.perf_counter() - started
+    write_results(suite, out, rows, elapsed, markdown=markdown)
+    counts = {status: sum(row["status"] == status for row in rows) for status in ("ok", "failed", "skipped")}
+    log(f"suite {suite.name}: {counts['ok']} ok, {counts['failed']} failed, {counts['skipped']} skipped in "
+        f"{elapsed:.0f}s; results in {out}")
+    return rows
+
+
+def _parse_seeds(text: str) -> tuple[int, ...]:
+    try:
+        seeds = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--seeds wants comma-separated integers, got {text!r}") from None
+    if not seeds or min(seeds) < 0:
+        raise argparse.ArgumentTypeError(f"--seeds wants non-negative integers, got {text!r}")
+    return seeds
+
+
+def _parse_list(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--suite", required=True, choices=sorted(SUITES), help="which suite to run")
+    parser.add_argument("--quick", action="store_true",
+                        help="with --suite learning: CartPole-v1 only, one seed unless --seeds")
+    parser.add_argument("--out", type=Path, default=None, help="results folder (default: bench-results/SUITE)")
+    parser.add_argument("--seeds", type=_parse_seeds, default=None, metavar="N,N",
+                        help="seeds (default: 0; learning: 1,2,3, with --quick 1)")
+    parser.add_argument("--only", type=_parse_list, default=(), metavar="TEXT,TEXT",
+                        help="run only the runs whose name contains one of these (e.g. paac,hts)")
+    parser.add_argument("--envs", type=_parse_list, default=(), metavar="TEXT,TEXT",
+                        help="run only the envs whose id contains one of these (e.g. CartPole,Pendulum)")
+    parser.add_argument("--archs", type=_parse_list, default=(), metavar="ARCH,ARCH",
+                        help="run only these architectures (e.g. paac,impact)")
+    parser.add_argument("--device", default=None, help="torch device of the conveyor learners (default: cpu)")
+    parser.add_argument("--markdown", "--update-markdown", type=Path, default=None, metavar="FILE",
+                        help="also set this suite's section of FILE (e.g. BENCHMARKS.md) to the results")
+    parser.add_argument("--list", action="store_true", help="print the suite's runs and exit")
+    # A smoke run of the learning suite's machinery: every step budget times this (0 < X <= 1).
+    parser.add_argument("--budget-scale", type=float, default=1.0, help=argparse.SUPPRESS)
+
+
+def select_suite(args: argparse.Namespace) -> Suite:
+    if args.suite != "learning" and (args.quick or args.budget_scale != 1.0):
+        raise ConfigError("--quick and --budget-scale belong to the learning suite: use them with --suite learning")
+    if args.suite == "learning":
+        suite = learning_suite(args.seeds, quick=args.quick, budget_scale=args.budget_scale,
+                               device=args.device or "cpu")
+    else:
+        suite = SUITES[args.suite](args.seeds or (0,))
+    runs = suite.runs
+    filters = [("--only", args.only, lambda run, part: part in run.name),
+               ("--envs", args.envs, lambda run, part: part.lower() in run.cfg.env.id.lower()),
+               ("--archs", args.archs, lambda run, part: part == run.cfg.arch.name)]
+    for flag, wanted, matches in filters:
+        if wanted:
+            runs = tuple(run for run in runs if any(matches(run, part) for part in wanted))
+            if not runs:
+                raise ConfigError(f"{flag} {','.join(wanted)} matches no run of suite {suite.name}: see --list")
+    if args.device:
+        runs = tuple(dataclasses.replace(run, cfg=dataclasses.replace(run.cfg, device=args.device)) for run in runs)
+    envs = {run.cfg.env.id for run in runs}
+    return dataclasses.replace(suite, runs=runs,
+                               learning_envs=tuple(env for env in suite.learning_envs if env.id in envs))
+
+
+def main(args: argparse.Namespace) -> int:
+    suite = select_suite(args)
+    if args.list:
+        for run in suite.runs:
+            command = f" (conveyor train {' '.join(run.flags)})" if run.flags else ""
+            skipped = f"; skipped: {run.skip_reason}" if run.skip_reason else ""
+            print(f"{run.name}: {run.label}, {run.cfg.total_steps:,} env steps, {run.cfg.time_limit_s:.0f} s cap, "
+                  f"{run.eval_episodes} evaluation episodes per policy{command}{skipped}")
+        return 0
+    out = args.out or Path("bench-results") / suite.name
+    try:
+        run_suite(suite, out, markdown=args.markdown)
+    except KeyboardInterrupt:  # the running child was already stopped; finished runs are in the results
+        print(f"interrupted: results of the finished runs are in {out}", file=sys.stderr)
+        return 130
+    return 0

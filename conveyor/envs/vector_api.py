@@ -1,0 +1,63 @@
+"""What every vector env backend (``conveyor.envs.vector.ShmVectorEnv``, ``conveyor.envs.envpool_backend``)
+returns and offers: ``StepResult`` and the ``VectorEnv`` protocol."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Protocol
+
+import gymnasium as gym
+import numpy as np
+
+from conveyor.envs.history import EnvHistory
+
+
+class StepResult(NamedTuple):
+    """One step of B envs. Rows are envs; every field is a numpy array.
+
+    When env i's episode ends at this step (``terminated[i] | truncated[i]``),
+    the env has already been reset: ``obs[i]`` is the new episode's first
+    observation and ``final_obs[i]`` the finished episode's last one (needed
+    to bootstrap a truncated episode). ``final_obs`` rows of envs that did not
+    finish hold stale data.
+    """
+
+    obs: np.ndarray
+    """[B, *obs_shape] the observation to act on next."""
+    reward: np.ndarray
+    """[B] float32 training reward (clipped to its sign for Atari when ``clip_rewards``)."""
+    terminated: np.ndarray
+    """[B] bool: the episode reached a terminal state (for Atari with ``episodic_life``: also a lost life)."""
+    truncated: np.ndarray
+    """[B] bool: the episode was cut (time limit, or the env raised and was reset); bootstrap from ``final_obs``."""
+    final_obs: np.ndarray
+    """[B, *obs_shape] last observation of the finished episode, valid where ``terminated | truncated``."""
+    episode_return: np.ndarray
+    """[B] float64 unclipped return of a real episode that ended at this step, NaN elsewhere."""
+    episode_length: np.ndarray
+    """[B] int64 length in agent steps of that episode, 0 elsewhere."""
+    restarted: np.ndarray
+    """[B] bool: env i's worker died during this step and was restarted: the transition is lost, ``obs[i]``
+    starts a new episode and no other field of row i is meaningful."""
+
+
+
+class VectorEnv(Protocol):
+    """What every backend offers (``ShmVectorEnv``, ``EnvpoolVectorEnv``)."""
+
+    num_envs: int
+    single_observation_space: gym.Space
+    single_action_space: gym.Space
+    restarts: int
+    """Dead workers replaced so far."""
+    history: EnvHistory | None
+    """How to rebuild every env (None when the backend cannot)."""
+
+    def reset(self) -> np.ndarray: ...
+
+    def step_async(self, actions: Any) -> None: ...
+
+    def step_wait(self) -> StepResult: ...
+
+    def step(self, actions: Any) -> StepResult: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,161 @@
+"""conveyor.procs: children start with a JSON spec, are reaped within one grace period (killed past it), say
+how they ended, notice a dead parent, and restarts are counted against one budget that stops with one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+
+import numpy as np
+import pytest
+
+from conveyor import procs
+from conveyor.config import EnvCfg
+from conveyor.envs.shm_worker import WorkerSpec
+from conveyor.errors import WorkerFailure
+from conveyor.storage.shm import ArraySpec
+
+PATIENCE_S = 120.0
+"""How long a test waits for a child's answer before failing (a busy machine starts Python slowly)."""
+
+# A child that reports what its prologue gave it, as JSON down the pipe its spec names.
+_REPORTING_CHILD = """
+import json, os, signal, sys
+from conveyor.envs.shm_worker import WorkerSpec
+from conveyor.procs import SINGLE_THREAD_VARS, child_prologue, parent_gone
+spec = child_prologue(WorkerSpec)
+report = {
+    "index": spec.index, "env_cfg": type(spec.env_cfg).__name__, "env_id": spec.env_cfg.id,
+    "env_args": spec.env_cfg.env_args, "episodes_type": type(spec.episodes).__name__, "episodes": spec.episodes,
+    "array_specs": [[type(a).__name__, a.name, list(a.shape), type(a.shape).__name__, a.dtype]
+                    for a in spec.array_specs],
+    "sys_path": sys.path, "sigint_ignored": signal.getsignal(signal.SIGINT) == signal.SIG_IGN,
+    "parent_gone": parent_gone(), "threads": {name: os.environ.get(name) for name in SINGLE_THREAD_VARS},
+}
+os.write(spec.reply_fd, json.dumps(report).encode())
+"""
+
+# A child that says it is ready, then waits for one byte on its command pipe and exits with that byte as
+# its exit code; it ignores SIGTERM, and with an empty command it sleeps on.
+_WAITING_CHILD = """
+import os, signal, time
+from conveyor.procs import child_prologue
+spec = child_prologue()
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+os.write(spec["ready_fd"], b"r")
+os.close(spec["ready_fd"])
+command = os.read(spec["command_fd"], 1)
+if not command:
+    time.sleep(600)
+raise SystemExit(command[0])
+"""
+
+
+def read_until_eof(fd: int) -> bytes:
+    """Everything written to the pipe ``fd`` until every writer has closed it."""
+    data = b""
+    while True:
+        if not select.select([fd], [], [], PATIENCE_S)[0]:
+            pytest.fail(f"no word from the child within {PATIENCE_S:.0f} s")
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            os.close(fd)
+            return data
+        data += chunk
+
+
+def start_waiting_child() -> tuple[subprocess.Popen, int]:
+    """A ``_WAITING_CHILD`` that has started (it said so); returns it and the write end of its command pipe."""
+    ready_read, ready_write = os.pipe()
+    command_read, command_write = os.pipe()
+    process = procs.start_child(_WAITING_CHILD, {"ready_fd": ready_write, "command_fd": command_read},
+                                (ready_write, command_read))
+    os.close(ready_write)
+    os.close(command_read)
+    assert read_until_eof(ready_read) == b"r"
+    return process, command_write
+
+
+def test_a_child_gets_its_spec_as_json_with_the_parents_sys_path_and_ignores_ctrl_c(monkeypatch, tmp_path):
+    monkeypatch.syspath_prepend(str(tmp_path))  # an env module's directory, say: the child must see it too
+    reply_read, reply_write = os.pipe()
+    cfg = EnvCfg(id="CartPole-v1", num_envs=4, num_workers=2, env_args=(("max_episode_steps", 50),))
+    arrays = (ArraySpec("obs", (4, 3), np.dtype("float32").str), ArraySpec("reward", (4,), "float32"))
+    spec = WorkerSpec(1, cfg, 7, 0.99, 2, 2, (5, 6), (), arrays, -1, -1, reply_write)
+    process = procs.start_child(_REPORTING_CHILD, spec, (reply_write,))
+    os.close(reply_write)
+    report = json.loads(read_until_eof(reply_read))
+    assert process.wait() == 0
+    assert report["index"] == 1 and report["env_cfg"] == "EnvCfg" and report["env_id"] == "CartPole-v1"
+    assert report["env_args"] == [["max_episode_steps", 50]]  # rebuilt as tuples: EnvCfg accepted them
+    assert report["episodes_type"] == "tuple" and report["episodes"] == [5, 6]
+    assert report["array_specs"] == [["ArraySpec", "obs", [4, 3], "tuple", "<f4"],
+                                     ["ArraySpec", "reward", [4], "tuple", "float32"]]
+    assert report["sys_path"][0] == str(tmp_path)
+    assert report["sigint_ignored"] and not report["parent_gone"]
+    assert report["threads"] == {name: os.environ.get(name, "1") for name in procs.SINGLE_THREAD_VARS}
+
+
+def test_exit_reasons_name_the_signal_or_the_code():
+    process, command_write = start_waiting_child()
+    process.kill()
+    process.wait()
+    os.close(command_write)
+    assert procs.exit_reason(process.returncode) == "killed by signal SIGKILL"
+    assert procs.exit_reason(3) == "exit code 3"
+    assert procs.exit_reason(None) == "still running"
+    assert procs.exit_reason(-(signal.SIGRTMIN + 6)) == f"killed by signal {signal.SIGRTMIN + 6}"  # no name
+
+
+def test_close_children_says_farewell_and_reaps_the_child_that_obeys():
+    process, command_write = start_waiting_child()
+    procs.close_children([process], [command_write], b"\x07")
+    assert process.returncode == 7  # it read the farewell and exited by itself
+    with pytest.raises(OSError):
+        os.write(command_write, b"x")  # the command pipe is closed
+
+
+def test_reap_kills_a_child_that_outlives_the_grace_period(monkeypatch):
+    monkeypatch.setattr(procs, "CLOSE_GRACE_S", 0.2)
+    process, command_write = start_waiting_child()  # it ignores SIGTERM and sleeps on without a command
+    procs.terminate([process])
+    procs.close_children([process], [command_write])
+    assert process.returncode == -signal.SIGKILL
+    assert procs.exit_reason(process.returncode) == "killed by signal SIGKILL"
+
+
+def test_a_child_notices_that_its_parent_died():
+    """A child starts a grandchild and exits; the grandchild polls ``parent_gone`` until it turns true and
+    says so down a pipe the test holds."""
+    grandchild = ("import os, time\nfrom conveyor.procs import child_prologue, parent_gone\nspec = child_prologue()\n"
+                  "while not parent_gone():\n    time.sleep(0.01)\nos.write(spec['fd'], b'orphaned')\n")
+    child = ("import os\nfrom conveyor.procs import child_prologue, start_child\nspec = child_prologue()\n"
+             f"start_child({grandchild!r}, spec, (spec['fd'],))\n")
+    news_read, news_write = os.pipe()
+    process = procs.start_child(child, {"fd": news_write}, (news_write,))
+    os.close(news_write)
+    assert process.wait() == 0
+    assert read_until_eof(news_read) == b"orphaned"
+    assert not procs.parent_gone()  # this process is no child started by start_child
+
+
+def test_the_restart_budget_counts_restarts_then_stops_with_one_line(capsys):
+    budget = procs.RestartBudget(2)
+    death = "env worker 1 (pid 4242, envs 2-3) died (killed by signal SIGKILL)"
+    budget.spend(death)
+    budget.spend(death)
+    assert budget.restarts == 2
+    said = capsys.readouterr().err.splitlines()
+    assert said == [f"conveyor: {death}; restarting it (1 of at most 2 restarts)",
+                    f"conveyor: {death}; restarting it (2 of at most 2 restarts)"]
+    with pytest.raises(WorkerFailure) as failure:
+        budget.spend(death)
+    assert str(failure.value) == (f"{death}; the run's 2 restarts reach max_restarts=2: raise --max-restarts or "
+                                  "fix what kills it")
+    assert budget.restarts == 2
+    with pytest.raises(WorkerFailure, match=r"^agent 0 \(pid 1\) died \(exit code 1\); restarts are off "
+                                            r"\(max_restarts=0\): raise --max-restarts or fix what kills it$"):
+        procs.RestartBudget(0).spend("agent 0 (pid 1) died (exit code 1)")
