@@ -2,7 +2,8 @@
 
 ``policy_step`` runs one batched forward and samples; ``step_targets``
 turns an env step's flags into the training rewards and discounts of
-DESIGN.md: ``discount = gamma * (1 - terminated)``, and at a truncated step
+docs/design.md "Discounts and the truncation bootstrap":
+``discount = gamma * (1 - terminated)``, and at a truncated step
 the bootstrap ``gamma * V(final_obs)`` is folded into the reward with
 discount 0, so the return ops need no special case.
 """
@@ -46,15 +47,16 @@ def values_of(model: nn.Module, obs: Tensor) -> Tensor:
     return model(obs.unsqueeze(0)).value[0]
 
 
-def step_targets(model: nn.Module, rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
+def step_targets(model: nn.Module | None, rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
                  final_obs: np.ndarray | None, gamma: float, device: torch.device | str = "cpu",
                  final_values: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Training ``(rewards, discounts)`` ``[B]`` for one step, bootstrapping truncated episodes.
 
     Only the rows that were truncated (and not terminated) get a forward pass on
     their final observation. ``final_values`` ``[B]``, when given, is V(final_obs)
-    already computed for every row, and ``final_obs`` is not read (HTS computes it
-    in a fixed-size batch, so a row's value does not depend on which rows were cut).
+    already computed for every row, and neither ``model`` nor ``final_obs`` is read (HTS
+    computes it in a fixed-size batch, so a row's value does not depend on which rows were
+    cut; SEED's needs each env's recurrent state).
     """
     reward = torch.as_tensor(rewards, dtype=torch.float32, device=device).clone()
     discount = gamma * (1.0 - torch.as_tensor(terminated, dtype=torch.float32, device=device))

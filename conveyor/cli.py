@@ -1,4 +1,4 @@
-"""``conveyor train|actor|eval|bench|plot``.
+"""``conveyor train|presets|actor|eval|bench|plot``.
 
 ``train`` flags are generated from the config dataclasses, one per field,
 with the field's docstring as help; so the README's configuration table,
@@ -20,6 +20,7 @@ import typing
 from pathlib import Path
 from typing import Any, Callable
 
+from conveyor import presets
 from conveyor.config import AlgoCfg, ArchCfg, ConfigError, EnvCfg, ModelCfg, RunCfg, field_docs
 from conveyor.errors import WorkerFailure
 
@@ -81,19 +82,33 @@ def _parse_int_tuple(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in text.split(",") if part)
 
 
+def _is_preset(section: str | None, fld: dataclasses.Field) -> bool:
+    """Whether the field's default None means "from the preset" (``target_return``'s None is a value of its own:
+    the env's reward threshold, ``--target-return none``)."""
+    return fld.default is None and (section, fld.name) != (None, "target_return")
+
+
+def _default_text(section: str | None, fld: dataclasses.Field) -> str:
+    """A field's default as the help and the README show it: ``preset`` for fields the presets fill."""
+    if _is_preset(section, fld):
+        return "preset"
+    return repr(fld.default if fld.default is not dataclasses.MISSING else None)
+
+
 def _add_field(group: argparse._ArgumentGroup, section: str | None, fld: dataclasses.Field, doc: str,
                hints: dict[str, Any]) -> None:
     flag, dest = _flag(section, fld.name), _dest(section, fld.name)
-    default = fld.default if fld.default is not dataclasses.MISSING else None
-    help_text = f"{doc.split(chr(10))[0]} (default: {default!r})".replace("%", "%%")
+    help_text = f"{doc.split(chr(10))[0]} (default: {_default_text(section, fld)})".replace("%", "%%")
     hint = hints[fld.name]
+    if _is_preset(section, fld):  # X | None: a flag gives an X; None, its absence, leaves it to the preset
+        hint = next(arg for arg in typing.get_args(hint) if arg is not type(None))
     if hint is bool:
         group.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=help_text)
     elif fld.name == "env_args":
         group.add_argument(flag, dest=dest, action="append", type=_parse_env_arg, metavar="KEY=VALUE", help=help_text)
     elif typing.get_origin(hint) is tuple:
         group.add_argument(flag, dest=dest, type=_parse_int_tuple, metavar="N,N", help=help_text)
-    elif typing.get_origin(hint) in (typing.Union, types.UnionType):
+    elif typing.get_origin(hint) in (typing.Union, types.UnionType):  # target_return: a float, or none
         group.add_argument(flag, dest=dest, type=_parse_optional_float, metavar="X", help=help_text)
     else:
         group.add_argument(flag, dest=dest, type=hint, metavar=fld.name.upper(), help=help_text)
@@ -118,15 +133,20 @@ def config_reference() -> str:
         for fld in dataclasses.fields(cls):
             if section is None and fld.name in SECTIONS:
                 continue
-            default = fld.default if fld.default is not dataclasses.MISSING else None
             doc = " ".join(docs.get(fld.name, "").split())
-            rows.append(f"| `{_flag(section, fld.name)}` | `{_dest(section, fld.name)}` | `{default!r}` | {doc} |")
+            rows.append(f"| `{_flag(section, fld.name)}` | `{_dest(section, fld.name)}` "
+                        f"| `{_default_text(section, fld)}` | {doc} |")
     return "\n".join(rows)
+
+
+def _given_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """``section.field`` (or a RunCfg field name) -> value, for every train flag on the command line."""
+    return {k: v for k, v in vars(args).items() if v is not None and k not in ("command", "handler")}
 
 
 def config_from_args(args: argparse.Namespace) -> RunCfg:
     """A RunCfg from the flags that were given; with ``--resume`` the earlier run's config is the base."""
-    given = {k: v for k, v in vars(args).items() if v is not None and k not in ("command", "handler")}
+    given = _given_flags(args)
     base: dict[str, Any] = {}
     if given.get("resume"):
         config_file = Path(given["resume"]) / "config.json"
@@ -155,6 +175,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_presets(args: argparse.Namespace) -> int:
+    """Without train flags: the preset tables. With them: the run's resolved config, one line per field,
+    each value marked explicit, preset(LAYER) or default."""
+    given = _given_flags(args)
+    lines = presets.explain_lines(config_from_args(args), set(given)) if given else presets.table_lines()
+    print("\n".join(lines))
+    return 0
+
+
 def _summary_line(summary: dict[str, Any]) -> str:
     ret = summary["return_mean_last100"]
     ret_text = "n/a" if ret is None or (isinstance(ret, float) and math.isnan(ret)) else f"{ret:.1f}"
@@ -177,6 +206,10 @@ def build_parser() -> argparse.ArgumentParser:
     train = commands.add_parser("train", help="train an agent (no flags: PAAC A2C solves CartPole-v1)")
     add_train_arguments(train)
     train.set_defaults(handler=cmd_train)
+    shown = commands.add_parser("presets", help="print the preset tables, or (with train flags) a run's resolved "
+                                "config and where each value comes from")
+    add_train_arguments(shown)
+    shown.set_defaults(handler=cmd_presets)
     for name, (module_name, help_text) in EXTERNAL_COMMANDS.items():
         sub = commands.add_parser(name, help=help_text)
         module = importlib.import_module(module_name)

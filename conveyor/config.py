@@ -6,6 +6,14 @@ docstring (the string literal under it); ``__post_init__`` validates, and
 derived values are properties. Nothing mutates a config at run time: use
 ``dataclasses.replace`` to make a new one.
 
+A field whose default is ``None`` (``preset`` in ``--help`` and the README) takes
+its value from ``conveyor/presets.py`` for the run's architecture,
+algorithm and env family: ``RunCfg.__post_init__`` fills every such None
+and records where each value came from (``RunCfg.preset_sources``); a
+value given explicitly always wins. Sub-configs on their own are partial
+and check only the values they hold; a constructed ``RunCfg`` holds no None
+in a preset field.
+
 Invalid values raise ``ConfigError`` with a one-line message that names the
 field and the fix; the CLI turns it into exit code 2.
 """
@@ -45,29 +53,30 @@ class ConfigError(ValueError):
     """An invalid configuration value; the message names the field and the fix."""
 
 
+# Checks skip None: a preset field left unset is checked once the preset has filled it.
 def _positive(obj: Any, *names: str) -> None:
     for name in names:
         value = getattr(obj, name)
-        if value <= 0:
+        if value is not None and value <= 0:
             raise ConfigError(f"{name} must be positive, got {value}: pass a value > 0")
 
 
 def _non_negative(obj: Any, *names: str) -> None:
     for name in names:
         value = getattr(obj, name)
-        if value < 0:
+        if value is not None and value < 0:
             raise ConfigError(f"{name} must be >= 0, got {value}")
 
 
 def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
+    if value is not None and value not in choices:
         raise ConfigError(f"unknown {name} {value!r}: choose one of {', '.join(choices)}")
 
 
 def _unit_interval(obj: Any, *names: str) -> None:
     for name in names:
         value = getattr(obj, name)
-        if not 0.0 <= value <= 1.0:
+        if value is not None and not 0.0 <= value <= 1.0:
             raise ConfigError(f"{name} must lie in [0, 1], got {value}")
 
 
@@ -75,7 +84,7 @@ def _unit_interval(obj: Any, *names: str) -> None:
 class EnvCfg:
     id: str = "CartPole-v1"
     """A gymnasium id (``CartPole-v1``, ``ALE/Pong-v5``, ``HalfCheetah-v5``) or ``conveyor/StepTime-v0``."""
-    num_envs: int = 16
+    num_envs: int | None = None
     """n_e: envs stepped in lockstep (or, in async architectures, envs per actor/worker group)."""
     num_workers: int = 2
     """n_w: worker processes that step the envs; each owns num_envs / num_workers of them."""
@@ -93,6 +102,9 @@ class EnvCfg:
     """Atari: treat a lost life as terminal for learning (returns stay per real episode)."""
     clip_rewards: bool = True
     """Atari: clip training rewards to their sign (reported returns are unclipped)."""
+    normalize_reward: bool | None = None
+    """Scale training rewards by a running std of each env's discounted return (discount: the run's gamma), clipped
+    to [-10, 10] (gymnasium ``NormalizeReward``); reported returns stay in env units. ``shm`` backend only."""
     max_env_errors: int = 10
     """An env that raises is reset and logged up to this many times per run, then the run stops."""
     max_restarts: int = 10
@@ -103,7 +115,10 @@ class EnvCfg:
         _positive(self, "num_envs", "num_workers", "frame_stack", "frame_skip", "max_env_errors")
         _non_negative(self, "noop_max", "max_restarts")
         _choice("env backend", self.backend, ENV_BACKENDS)
-        if self.num_envs % self.num_workers:
+        if self.normalize_reward and self.backend != "shm":
+            raise ConfigError("normalize_reward runs inside the shm env workers: use --env-backend shm or drop "
+                              "--normalize-reward")
+        if self.num_envs is not None and self.num_envs % self.num_workers:
             raise ConfigError(
                 f"num_envs ({self.num_envs}) is not divisible by num_workers ({self.num_workers}): "
                 "choose num_envs as a multiple of num_workers"
@@ -119,55 +134,68 @@ class EnvCfg:
 
     @property
     def is_atari(self) -> bool:
-        return self.id.startswith("ALE/") or self.id.endswith("NoFrameskip-v4")
+        return is_atari_id(self.id)
+
+
+def is_atari_id(env_id: str) -> bool:
+    return env_id.startswith("ALE/") or env_id.endswith("NoFrameskip-v4")
 
 
 @dataclass(frozen=True)
 class ModelCfg:
-    name: str = "auto"
-    """Encoder: ``mlp``, ``nips_cnn``, ``nature_cnn``, ``impala_resnet``; ``auto`` picks mlp for vectors, nature_cnn for images."""
-    hidden: tuple[int, ...] = (64, 64)
+    name: str | None = None
+    """Encoder: ``mlp``, ``nips_cnn``, ``nature_cnn``, ``impala_resnet``; ``auto`` picks mlp for vectors, nature_cnn for
+    images."""
+    hidden: tuple[int, ...] | None = None
     """MLP hidden layer sizes."""
-    lstm_size: int = 0
-    """Width of an LSTM core after the encoder; 0 means no recurrent core (R2D2 then uses 512 on Atari, 64 elsewhere)."""
+    lstm_size: int | None = None
+    """Width of an LSTM core after the encoder, 0 for none (r2d2 needs one)."""
+    normalize_obs: bool | None = None
+    """Standardize float observations at the model's input by running mean/std statistics (clipped to [-10, 10]),
+    updated by the learner after each update and sent to actors with the weights; not for uint8 pixels."""
+    separate_value_net: bool | None = None
+    """Give the value head its own encoder (same architecture) instead of sharing the policy's; no LSTM core."""
 
     def __post_init__(self) -> None:
         _choice("model", self.name, MODELS)
-        if not self.hidden or any(h <= 0 for h in self.hidden):
+        if self.hidden is not None and (not self.hidden or any(h <= 0 for h in self.hidden)):
             raise ConfigError(f"hidden sizes must be positive, got {self.hidden}")
         _non_negative(self, "lstm_size")
+        if self.separate_value_net and self.lstm_size:
+            raise ConfigError(f"separate_value_net does not support a recurrent core (lstm_size {self.lstm_size}; "
+                              "r2d2 always has one): drop --separate-value-net or set --lstm-size 0")
 
 
 @dataclass(frozen=True)
 class AlgoCfg:
-    name: str = "a2c"
-    """Loss: ``a2c``, ``ppo``, ``vtrace``, ``impact``, ``r2d2``, ``ga3c``."""
-    gamma: float = 0.99
+    name: str | None = None
+    """Loss: ``a2c``, ``ppo``, ``vtrace``, ``impact``, ``r2d2``, ``ga3c`` (the preset: the architecture's own)."""
+    gamma: float | None = None
     """Discount factor."""
-    lr: float = 0.0
-    """Learning rate; 0 means the algorithm's default (``learning_rate``; A2C on Atari: 0.0007 * num_envs, PAAC)."""
-    optimizer: str = ""
-    """``rmsprop`` or ``adam``; empty means the algorithm's default."""
+    lr: float | None = None
+    """Learning rate."""
+    optimizer: str | None = None
+    """``rmsprop`` or ``adam``."""
     rmsprop_alpha: float = 0.99
     """RMSProp smoothing constant (PAAC, GA3C)."""
-    rmsprop_eps: float = 0.0
-    """RMSProp epsilon; 0 means 0.1 on Atari (PAAC paper) and 1e-5 elsewhere."""
-    adam_eps: float = 1e-5
+    rmsprop_eps: float | None = None
+    """RMSProp epsilon (added outside the square root, as torch does)."""
+    adam_eps: float | None = None
     """Adam epsilon."""
-    max_grad_norm: float = 40.0
-    """Global gradient-norm clip (PAAC: 40; r2d2 clips at 80 while this is left at its default); 0 disables."""
-    entropy_coef: float = 0.01
+    max_grad_norm: float | None = None
+    """Global gradient-norm clip, 0 for none."""
+    entropy_coef: float | None = None
     """Weight of the entropy bonus."""
-    value_coef: float = 0.5
+    value_coef: float | None = None
     """Weight of the value loss."""
-    gae_lambda: float = 0.95
+    gae_lambda: float | None = None
     """lambda of GAE (PPO) and of V-trace GAE-lambda (IMPACT)."""
-    ppo_epochs: int = 4
+    ppo_epochs: int | None = None
     """PPO: passes over each rollout."""
-    ppo_minibatches: int = 4
+    ppo_minibatches: int | None = None
     """PPO: minibatches per pass (split over envs, so time order is kept)."""
-    clip: float = 0.2
-    """PPO / IMPACT surrogate clip epsilon (IMPACT paper discrete: 0.3)."""
+    clip: float | None = None
+    """PPO / IMPACT surrogate clip epsilon."""
     clip_rho: float = 1.0
     """V-trace rho-bar."""
     clip_c: float = 1.0
@@ -176,11 +204,13 @@ class AlgoCfg:
     """V-trace clip on the policy-gradient importance weight."""
     impact_rho: float = 2.0
     """IMPACT: worker-ratio bound rho in pi_learner / max(pi_target, pi_worker / rho)."""
+    impact_ratio: str = "impact"
+    """IMPACT ablation: ``target`` (R1), ``worker`` (R2) or ``impact`` (R3)."""
     kl_coef: float = 0.0
     """IMPACT: weight of the optional KL(target || learner) penalty."""
     ga3c_eps: float = 1e-6
     """GA3C eq. 5: epsilon in log(pi + eps) and in the entropy."""
-    n_step: int = 5
+    n_step: int | None = None
     """R2D2: n of the n-step double-Q target."""
     eta: float = 0.9
     """R2D2: priority mix eta * max|delta| + (1 - eta) * mean|delta|."""
@@ -190,53 +220,42 @@ class AlgoCfg:
     """R2D2: importance-sampling exponent beta."""
     value_rescale_eps: float = 1e-3
     """R2D2: epsilon of the value rescaling h(x)."""
-    normalize_advantages: bool = True
+    exploration_eps: float | None = None
+    """R2D2: epsilon-greedy exploration of the most exploring env slot; slot i of N acts with
+    ``exploration_eps ** (1 + 7 i / (N - 1))``."""
+    normalize_advantages: bool | None = None
     """PPO: normalize advantages per minibatch."""
 
     def __post_init__(self) -> None:
         _choice("algo", self.name, ALGOS)
-        if self.optimizer:
-            _choice("optimizer", self.optimizer, OPTIMIZERS)
-        _unit_interval(self, "gamma", "gae_lambda", "eta")
-        _non_negative(self, "lr", "max_grad_norm", "entropy_coef", "value_coef", "kl_coef")
-        _positive(self, "ppo_epochs", "ppo_minibatches", "clip", "clip_rho", "clip_c", "clip_pg_rho",
-                  "impact_rho", "ga3c_eps", "n_step", "adam_eps")
-        _non_negative(self, "rmsprop_eps")
-
-    @property
-    def learning_rate(self) -> float:
-        """The explicit ``lr``, else the algorithm's default."""
-        if self.lr:
-            return self.lr
-        return {"a2c": 2e-3, "ppo": 2.5e-4, "vtrace": 6e-4, "impact": 5e-4, "r2d2": 1e-4, "ga3c": 3e-4}[self.name]
-
-    @property
-    def optimizer_name(self) -> str:
-        if self.optimizer:
-            return self.optimizer
-        return "rmsprop" if self.name in ("a2c", "ga3c", "vtrace") else "adam"
+        _choice("optimizer", self.optimizer, OPTIMIZERS)
+        _choice("impact ratio", self.impact_ratio, IMPACT_RATIOS)
+        _unit_interval(self, "gamma", "gae_lambda", "eta", "exploration_eps")
+        _non_negative(self, "max_grad_norm", "entropy_coef", "value_coef", "kl_coef")
+        _positive(self, "lr", "ppo_epochs", "ppo_minibatches", "clip", "clip_rho", "clip_c", "clip_pg_rho",
+                  "impact_rho", "ga3c_eps", "n_step", "adam_eps", "rmsprop_eps")
 
 
 @dataclass(frozen=True)
 class ArchCfg:
     name: str = "paac"
     """Architecture: ``paac``, ``ga3c``, ``seed``, ``impact``, ``hts``."""
-    unroll: int = 5
+    unroll: int | None = None
     """t_max: steps per env in one rollout/unroll (SEED: unroll length; IMPACT uses worker_batch)."""
     # hts
     num_actors: int = 1
     """HTS: actor threads that batch whatever observations are waiting."""
-    sync_interval: int = 5
+    sync_interval: int | None = None
     """HTS alpha: steps per env between storage swaps (one update per swap)."""
     # ga3c
-    num_agents: int = 16
+    num_agents: int | None = None
     """GA3C N_A: agent processes (each owns one env)."""
     num_predictors: int = 1
     """GA3C N_P: predictor threads."""
     num_trainers: int = 1
     """GA3C N_T: trainer threads."""
-    min_train_batch: int = 20
-    """GA3C: trainers group experiences until this many t_max segments (paper: 20-40)."""
+    min_train_batch: int | None = None
+    """GA3C: trainers group experiences until this many t_max segments."""
     max_predict_batch: int = 128
     """GA3C: most requests one predictor batches."""
     autotune: bool = False
@@ -260,68 +279,53 @@ class ArchCfg:
     """SEED: PEM private key for TLS (with tls_cert)."""
     max_message_bytes: int = 16 * 1024 * 1024
     """SEED: largest accepted gRPC message."""
-    batch_size: int = 32
+    batch_size: int | None = None
     """Learner batch size in unrolls/sequences (SEED, R2D2)."""
-    seq_len: int = 80
+    seq_len: int | None = None
     """R2D2: stored sequence length (including burn-in)."""
-    burn_in: int = 40
+    burn_in: int | None = None
     """R2D2: leading steps of each sequence that only warm the LSTM state."""
     replay_bytes: int = 2 * 1024**3
     """R2D2: replay memory budget in bytes, checked at start."""
-    replay_capacity: int = 10000
+    replay_capacity: int | None = None
     """R2D2: sequences held in replay."""
-    min_replay: int = 500
+    min_replay: int | None = None
     """R2D2: sequences stored before learning starts."""
-    replay_ratio: float = 0.75
-    """R2D2: sequences sampled per sequence inserted (SEED table 8: 0.75; with sequences overlapping by half, each step
-    is replayed 1.5 times). The learner waits for new data and the actors for the learner; 0 lets both run free."""
+    replay_ratio: float | None = None
+    """R2D2: sequences sampled per sequence inserted (with sequences overlapping by half, each step is replayed twice
+    that often). The learner waits for new data and the actors for the learner; 0 lets both run free."""
     # impact
-    worker_batch: int = 64
+    worker_batch: int | None = None
     """IMPACT: steps per env in one worker batch (S)."""
-    buffer_batches: int = 4
+    buffer_batches: int | None = None
     """IMPACT: N, batches in the circular buffer."""
-    replay_times: int = 2
+    replay_times: int | None = None
     """IMPACT: K, times each batch is used before replacement."""
     broadcast_interval: int = 1
     """IMPACT: learner updates between weight broadcasts to workers."""
-    impact_ratio: str = "impact"
-    """IMPACT ablation: ``target`` (R1), ``worker`` (R2) or ``impact`` (R3)."""
-    use_target_network: bool = True
+    use_target_network: bool | None = None
     """IMPACT: attach target-network log-probs; off with K=1 gives APPO."""
     preset: str = ""
     """IMPACT comparison preset: ``impact``, ``appo`` (K=1, no target network) or ``impala`` (same, algo vtrace)."""
     # shared
-    target_update: int = 0
-    """Updates between target-network syncs; 0 means the architecture's default (IMPACT: N*K; R2D2: 2500)."""
+    target_update: int | None = None
+    """Updates between target-network syncs (IMPACT, R2D2)."""
 
     def __post_init__(self) -> None:
         _choice("arch", self.name, ARCHS)
-        _choice("impact ratio", self.impact_ratio, IMPACT_RATIOS)
-        if self.preset:
-            self._apply_preset()
+        _choice("preset", self.preset or None, tuple(IMPACT_PRESETS))
+        if self.preset and self.name != "impact":
+            raise ConfigError(f"--preset {self.preset} is an IMPACT comparison preset: use it with --arch impact")
         _positive(self, "unroll", "num_actors", "sync_interval", "num_agents", "num_predictors",
                   "num_trainers", "min_train_batch", "max_predict_batch", "autotune_interval",
                   "inference_batch", "inference_timeout_ms", "max_message_bytes",
                   "batch_size", "seq_len", "replay_bytes", "replay_capacity", "min_replay",
-                  "worker_batch", "buffer_batches", "replay_times", "broadcast_interval")
-        _non_negative(self, "burn_in", "target_update", "local_actors", "replay_ratio")
-        if self.burn_in >= self.seq_len:
+                  "worker_batch", "buffer_batches", "replay_times", "broadcast_interval", "target_update")
+        _non_negative(self, "burn_in", "local_actors", "replay_ratio")
+        if self.burn_in is not None and self.seq_len is not None and self.burn_in >= self.seq_len:
             raise ConfigError(f"burn_in ({self.burn_in}) must be smaller than seq_len ({self.seq_len})")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ConfigError("TLS needs both --tls-cert and --tls-key")
-
-    def _apply_preset(self) -> None:
-        _choice("preset", self.preset, tuple(IMPACT_PRESETS))
-        if self.name != "impact":
-            raise ConfigError(f"--preset {self.preset} is an IMPACT comparison preset: use it with --arch impact")
-        for name, value in IMPACT_PRESETS[self.preset][0].items():
-            _set_preset_field(self, self.preset, name, value)
-
-    @property
-    def target_update_interval(self) -> int:
-        if self.target_update:
-            return self.target_update
-        return self.buffer_batches * self.replay_times if self.name == "impact" else 2500
 
 
 @dataclass(frozen=True)
@@ -334,7 +338,7 @@ class RunCfg:
     """Loss and optimizer settings."""
     arch: ArchCfg = field(default_factory=ArchCfg)
     """Architecture settings."""
-    total_steps: int = 500_000
+    total_steps: int | None = None
     """Env steps (summed over envs) after which training stops."""
     target_return: float | None = None
     """Stop early once the mean return of the last 100 episodes reaches this; None uses the env's registered
@@ -361,14 +365,17 @@ class RunCfg:
     """Intra-op threads of the learner's torch; 0 picks them by architecture (``learner_threads``)."""
 
     def __post_init__(self) -> None:
+        from conveyor import presets  # here, not at the top: presets imports this module (and gymnasium)
+
+        resolved = presets.resolve(self)
+        for name, value in resolved.fields.items():  # frozen: set during construction only
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "_preset_sources", resolved.sources)
         _positive(self, "total_steps", "log_interval_s", "keep_checkpoints")
         _non_negative(self, "time_limit_s", "checkpoint_every", "seed", "torch_threads")
-        if self.arch.preset:
-            algo_name = IMPACT_PRESETS[self.arch.preset][1]
-            if self.algo.name not in (algo_name, _default(AlgoCfg, "name")):
-                raise ConfigError(f"--preset {self.arch.preset} runs --algo {algo_name}, but --algo {self.algo.name} "
-                                  "was given: drop one of the two")
-            object.__setattr__(self, "algo", dataclasses.replace(self.algo, name=algo_name))
+        if self.algo.name == "r2d2" and not self.model.lstm_size:
+            raise ConfigError("--algo r2d2 runs a recurrent Q network: pass --lstm-size > 0 (or leave it to the "
+                              "preset)")
         if self.arch.name == "impact" and self.algo.kl_coef > 0 and not self.arch.use_target_network:
             raise ConfigError("--kl-coef penalises KL(target || learner) and needs the target network: "
                               "drop --no-use-target-network or set --kl-coef 0")
@@ -379,6 +386,13 @@ class RunCfg:
             )
         if not (self.device == "cpu" or self.device.startswith("cuda") or self.device == "mps"):
             raise ConfigError(f"unknown device {self.device!r}: use cpu, cuda or cuda:N")
+
+    @property
+    def preset_sources(self) -> dict[str, str]:
+        """``section.field`` -> the preset layer that filled it (``conveyor presets`` names the layers), for every
+        field this config took from the preset; a config rebuilt from resolved values (``from_dict``,
+        ``dataclasses.replace``) holds them explicitly and has none."""
+        return dict(self._preset_sources)  # type: ignore[attr-defined]
 
     @property
     def learner_threads(self) -> int:
@@ -412,20 +426,6 @@ class RunCfg:
             else:
                 kwargs[key] = value
         return cls(**kwargs)
-
-
-def _default(cls: type, name: str) -> Any:
-    return cls.__dataclass_fields__[name].default  # type: ignore[attr-defined]
-
-
-def _set_preset_field(cfg: Any, preset: str, name: str, value: Any) -> None:
-    """Set a field a preset fixes (frozen dataclass, so during construction only). A value that is neither
-    the preset's nor the default was chosen explicitly and contradicts the preset: refuse it."""
-    current = getattr(cfg, name)
-    if current not in (value, _default(type(cfg), name)):
-        raise ConfigError(f"--preset {preset} sets {name} to {value!r}, but it was given as {current!r}: "
-                          "drop one of the two")
-    object.__setattr__(cfg, name, value)
 
 
 def field_docs(cls: type) -> dict[str, str]:

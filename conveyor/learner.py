@@ -3,9 +3,13 @@
 ``Learner.update(batch)`` runs the configured loss on a batch, clips the
 global gradient norm, steps the optimizer and increments ``version`` (the
 update counter every architecture stamps on the actions it takes, so policy
-lag is measurable). Checkpoints are written atomically (temp file, fsync,
-rename) and loaded with ``torch.load(weights_only=True)``: nothing from disk
-is ever unpickled.
+lag is measurable). Then it folds the batch's observations into the model's
+input statistics (``ModelCfg.normalize_obs``): after the step, so the
+gradient is taken under the statistics the batch was collected with (PAAC
+A2C backpropagates through the acting forwards themselves; PPO's first
+epoch starts at ratio 1), and the next forwards use the new ones.
+Checkpoints are written atomically (temp file, fsync, rename) and loaded
+with ``torch.load(weights_only=True)``: nothing from disk is ever unpickled.
 """
 
 from __future__ import annotations
@@ -27,21 +31,11 @@ class CheckpointError(RuntimeError):
 
 
 def make_optimizer(params: Any, cfg: RunCfg) -> torch.optim.Optimizer:
+    """``cfg.algo.optimizer`` over ``params`` with the run's resolved settings (``conveyor/presets.py``)."""
     algo = cfg.algo
-    lr = learning_rate(cfg)
-    if algo.optimizer_name == "rmsprop":
-        eps = algo.rmsprop_eps or (0.1 if cfg.env.is_atari else 1e-5)
-        return torch.optim.RMSprop(params, lr=lr, alpha=algo.rmsprop_alpha, eps=eps)
-    return torch.optim.Adam(params, lr=lr, eps=algo.adam_eps)
-
-
-def learning_rate(cfg: RunCfg) -> float:
-    """The explicit lr, else the algorithm default; PAAC A2C on Atari scales it with n_e (0.0007 * n_e)."""
-    if cfg.algo.lr:
-        return cfg.algo.lr
-    if cfg.algo.name == "a2c" and cfg.env.is_atari:
-        return 0.0007 * cfg.env.num_envs
-    return cfg.algo.learning_rate
+    if algo.optimizer == "rmsprop":
+        return torch.optim.RMSprop(params, lr=algo.lr, alpha=algo.rmsprop_alpha, eps=algo.rmsprop_eps)
+    return torch.optim.Adam(params, lr=algo.lr, eps=algo.adam_eps)
 
 
 def param_sha256(model: nn.Module) -> str:
@@ -64,6 +58,7 @@ class Learner:
         self.loss_fn = loss_fn
         self.optimizer = make_optimizer(self.model.parameters(), cfg)
         self.max_grad_norm = cfg.algo.max_grad_norm
+        self.obs_normalizer = getattr(self.model, "obs_normalizer", None)  # None: the model keeps no statistics
         self.version = 0
 
     def forward(self, batch: dict[str, Tensor]) -> Any:
@@ -85,14 +80,23 @@ class Learner:
         values["grad_norm"] = grad_norm
         return values, grad_norm
 
-    def apply_gradients(self) -> None:
+    def apply_gradients(self, observations: Tensor | None = None) -> None:
+        """Step the optimizer, increment ``version``, then ``observe(observations)`` (the observations of the
+        batch the gradients came from; None while more steps on the same batch follow)."""
         self.optimizer.step()
         self.version += 1
+        if observations is not None:
+            self.observe(observations)
+
+    def observe(self, observations: Tensor) -> None:
+        """Fold ``observations`` into the model's input statistics (once per batch; see the module docstring)."""
+        if self.obs_normalizer is not None:
+            self.obs_normalizer.update(observations)
 
     def update(self, batch: dict[str, Tensor], model_out: Any = None) -> dict[str, float]:
         """One optimizer step on ``batch`` (see ``compute_gradients`` for ``model_out``); increments ``version``."""
         metrics, _ = self.compute_gradients(batch, model_out)
-        self.apply_gradients()
+        self.apply_gradients(batch["obs"])
         return metrics
 
     def update_epochs(self, batch: dict[str, Tensor], epochs: int, minibatches: int,
@@ -109,7 +113,9 @@ class Learner:
         for _ in range(epochs):
             order = torch.randperm(num_envs, generator=generator)
             for columns in order.chunk(minibatches):
-                metrics = self.update(env_columns(batch, columns.to(batch["rewards"].device)))
+                metrics, _ = self.compute_gradients(env_columns(batch, columns.to(batch["rewards"].device)))
+                self.apply_gradients()
+        self.observe(batch["obs"])
         return metrics
 
     def param_sha256(self) -> str:

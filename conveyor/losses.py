@@ -19,7 +19,7 @@ from torch import Tensor
 from conveyor.returns import value_rescale, value_rescale_inverse
 
 __all__ = [
-    "entropy_loss", "ga3c_entropy", "ga3c_policy_loss", "impact_ratio", "masked_mean", "normalize_advantages",
+    "ga3c_entropy", "ga3c_policy_loss", "impact_ratio", "masked_mean", "normalize_advantages",
     "policy_gradient_loss", "ppo_clip_loss", "r2d2_targets", "sequence_priorities", "value_loss",
 ]
 
@@ -61,11 +61,6 @@ def value_loss(values: Tensor, targets: Tensor, mask: Tensor | None = None) -> T
     """Squared error ``0.5 * mean((values - targets)^2)``; ``targets`` ``[T, B]`` are detached."""
     _check_same_shape("value_loss", values=values, targets=targets)
     return 0.5 * masked_mean((values - targets.detach()).pow(2), mask)
-
-
-def entropy_loss(entropy: Tensor, mask: Tensor | None = None) -> Tensor:
-    """``-mean(entropy)``: minimising it maximises the entropy bonus (A3C). ``entropy`` is ``[T, B]``."""
-    return -masked_mean(entropy, mask)
 
 
 def normalize_advantages(advantages: Tensor, eps: float = 1e-8, mask: Tensor | None = None) -> Tensor:

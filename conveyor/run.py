@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import random
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -19,10 +20,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from conveyor import algos
+from conveyor import algos, presets
 from conveyor.config import ConfigError, RunCfg
 from conveyor.errors import WorkerFailure
-from conveyor.learner import Learner, latest_checkpoint, load_checkpoint
+from conveyor.learner import Learner, LossFn, latest_checkpoint, load_checkpoint
 from conveyor.telemetry import Telemetry
 
 
@@ -122,13 +123,17 @@ class Run:
         return self.telemetry.timer(bucket)
 
     # ---- learner -------------------------------------------------------------------------
-    def learner(self, model: nn.Module, loss_fn: Any = None, learner_cls: type[Learner] = Learner) -> Learner:
-        """The run's learner (a ``learner_cls``, e.g. ``R2D2Learner``); restored from the latest checkpoint
-        when ``cfg.resume`` is set."""
+    def learner(self, model: nn.Module, loss_fn: LossFn, learner_cls: type[Learner] = Learner) -> Learner:
+        """The run's learner (a ``learner_cls``, e.g. ``R2D2Learner``) minimising ``loss_fn`` (the architecture
+        passes ``algos.make_loss(cfg)``, so the loss is visible where it is wired); restored from the latest
+        checkpoint when ``cfg.resume`` is set."""
         if self.cfg.algo.name in algos.DISCRETE_ONLY and not model.policy.discrete:
             raise ConfigError(f"--algo {self.cfg.algo.name} needs a discrete action space, and {self.cfg.env.id} "
                               "has continuous actions: use --algo a2c, ppo, vtrace or impact")
-        learner = learner_cls(model, loss_fn or algos.make_loss(self.cfg), self.cfg)
+        learner = learner_cls(model, loss_fn, self.cfg)
+        warning = presets.target_sync_warning(self.cfg)  # here: once the model and the algorithm are known to fit
+        if warning:
+            print(warning, file=sys.stderr)
         if self.resume_path:
             state = self.resume_state
             learner.restore(state, self.resume_path)

@@ -1,7 +1,8 @@
 """Run telemetry: episode returns, policy lag, time split, throughput.
 
-One ``Telemetry`` per run writes ``metrics.csv`` (a row per log interval),
-TensorBoard events, a console progress line, and ``summary.json``. The key
+One ``Telemetry`` per run writes ``metrics.csv`` (a row per log interval, one
+header: ``MetricsCsv``), TensorBoard events, a console progress line, and
+``summary.json``. The key
 names of ``summary.json`` are an interface read by ``conveyor bench`` and
 ``conveyor eval``: ``env_steps``, ``wall_time_s``, ``sps``, ``episodes``,
 ``return_mean_last100``, ``policy_lag`` {``mean``, ``max``, ``histogram``},
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
+import torch
 
 # The time-split buckets every architecture reports (PAAC paper fig. 2).
 TIME_BUCKETS = ("env", "act", "learn", "wait")
@@ -55,8 +57,8 @@ class Telemetry:
         self.last_metrics: dict[str, float] = {}
         self._last_log_time = self.start_time
         self._last_log_steps = start_steps
-        self._csv_file = open(self.out_dir / "metrics.csv", "a", newline="")
-        self._csv_writer: csv.DictWriter | None = None
+        self._output_lock = threading.Lock()  # one writer of metrics.csv and TensorBoard at a time
+        self._csv = MetricsCsv(self.out_dir / "metrics.csv")
         self._tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -117,8 +119,11 @@ class Telemetry:
                 self.return_curve.append((self.env_steps, now, value))
             self.episodes += len(finished)
 
-    def add_lag(self, learner_version: int, policy_versions: np.ndarray) -> None:
-        """Record lag = learner version minus the version that chose each action."""
+    def add_lag(self, learner_version: int, policy_versions: np.ndarray | torch.Tensor) -> None:
+        """Record lag = learner version minus the version that chose each action (an array or a tensor on
+        any device)."""
+        if isinstance(policy_versions, torch.Tensor):
+            policy_versions = policy_versions.cpu().numpy()
         lags = learner_version - np.asarray(policy_versions).reshape(-1)
         values, counts = np.unique(lags, return_counts=True)
         with self._lock:
@@ -177,21 +182,14 @@ class Telemetry:
             }
         lag = self.lag_summary()
         row["lag_mean"], row["lag_max"] = lag["mean"], lag["max"]
-        self._write_csv(row)
-        if self._tb is not None:
-            for key, value in row.items():
-                if key != "env_steps" and isinstance(value, (int, float)) and math.isfinite(value):
-                    self._tb.add_scalar(key, value, int(row["env_steps"]))
+        with self._output_lock:
+            self._csv.write(row)
+            if self._tb is not None:
+                for key, value in row.items():
+                    if key != "env_steps" and isinstance(value, (int, float)) and math.isfinite(value):
+                        self._tb.add_scalar(key, value, int(row["env_steps"]))
         if self.progress:
             self._print_progress(row)
-
-    def _write_csv(self, row: dict[str, float]) -> None:
-        if self._csv_writer is None or set(row) - set(self._csv_writer.fieldnames):
-            # New keys (e.g. a loss metric that appears after warm-up) start a new header block.
-            self._csv_writer = csv.DictWriter(self._csv_file, fieldnames=list(row), extrasaction="ignore")
-            self._csv_writer.writeheader()
-        self._csv_writer.writerow(row)
-        self._csv_file.flush()
 
     def _print_progress(self, row: dict[str, float]) -> None:
         done = row["env_steps"] / self.total_steps if self.total_steps else 0.0
@@ -238,7 +236,58 @@ class Telemetry:
             sys.stderr.write("\n")
         if self._tb is not None:
             self._tb.close()
-        self._csv_file.close()
+
+
+class MetricsCsv:
+    """``metrics.csv``: one header line, then a row per log interval with a cell for every column.
+
+    The columns are the keys in the order first seen. A key that first appears after rows were written (a loss
+    metric after a warm-up, a new counter) widens the table: the file is rewritten once (temp file, rename) with
+    the wider header and those earlier rows empty in the new columns, so a reader (``pandas.read_csv``,
+    ``csv.DictReader``) sees one schema at any moment. A resumed run appends to the file it finds.
+    """
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.columns: list[str] = []
+        if self.path.is_file():
+            self.columns, rows = read_metrics(self.path)
+            with open(self.path, newline="") as f:
+                if next(csv.reader(f), []) != self.columns:  # written with several header blocks: make it one
+                    self._rewrite(rows)
+
+    def write(self, row: dict[str, float]) -> None:
+        new = [key for key in row if key not in self.columns]
+        if new:
+            rows = read_metrics(self.path)[1] if self.columns else []
+            self.columns += new
+            self._rewrite(rows)
+        with open(self.path, "a", newline="") as f:
+            csv.DictWriter(f, self.columns).writerow(row)
+
+    def _rewrite(self, rows: list[dict[str, str]]) -> None:
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        with open(tmp, "w", newline="") as f:
+            writer = csv.DictWriter(f, self.columns)
+            writer.writeheader()
+            writer.writerows(rows)
+        os.replace(tmp, self.path)
+
+
+def read_metrics(path: Path) -> tuple[list[str], list[dict[str, str]]]:
+    """The columns and rows of a ``metrics.csv``; cells a row lacks are empty strings. Files written before the
+    schema was fixed (a new header block wherever a key appeared) are read block by block."""
+    columns: list[str] = []
+    rows: list[dict[str, str]] = []
+    header: list[str] = []
+    with open(path, newline="") as f:
+        for cells in csv.reader(f):
+            if cells and cells[0] == "env_steps":
+                header = cells
+                columns += [key for key in header if key not in columns]
+            elif cells:
+                rows.append(dict(zip(header, cells)))
+    return columns, [{key: row.get(key, "") for key in columns} for row in rows]
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

@@ -25,8 +25,7 @@ METRICS = {
 
 
 def run_cfg(algo: str, **algo_fields) -> RunCfg:
-    impact_ratio = algo_fields.pop("impact_ratio", "impact")
-    return RunCfg(algo=AlgoCfg(name=algo, **algo_fields), arch=ArchCfg(name=ARCH_OF[algo], impact_ratio=impact_ratio))
+    return RunCfg(algo=AlgoCfg(name=algo, **algo_fields), arch=ArchCfg(name=ARCH_OF[algo]))
 
 
 def make_case(algo: str, continuous: bool = False, seed: int = 0):
@@ -34,7 +33,8 @@ def make_case(algo: str, continuous: bool = False, seed: int = 0):
     torch.manual_seed(seed)
     action_space = gym.spaces.Box(-1, 1, (2,)) if continuous else gym.spaces.Discrete(3)
     observation_space = gym.spaces.Box(-np.inf, np.inf, (OBS,))
-    model = make_model(ModelCfg(hidden=(16,)), observation_space, action_space, dueling=algo == "r2d2")
+    model_cfg = RunCfg(model=ModelCfg(hidden=(16,))).model  # a bare ModelCfg leaves its preset fields None
+    model = make_model(model_cfg, observation_space, action_space, dueling=algo == "r2d2")
     obs = torch.randn(T + 1, B, OBS)
     with torch.no_grad():
         behaviour = model(obs)  # a behaviour policy near the learner, as after a few updates

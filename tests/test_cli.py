@@ -78,9 +78,9 @@ def test_flags_map_to_config_fields():
                                       "--num-workers", "2", "--unroll", "7", "--hidden", "32,32", "--lr", "0.001",
                                       "--target-return", "none", "--no-progress", "--sync-interval", "9"])
     cfg = config_from_args(args)
-    assert cfg.arch == ArchCfg(name="hts", unroll=7, sync_interval=9)
-    assert cfg.env == EnvCfg(id="conveyor/StepTime-v0", num_envs=8, num_workers=2,
-                             env_args=(("dist", "gamma"), ("mean_ms", 0.5)))
+    assert (cfg.arch.name, cfg.arch.unroll, cfg.arch.sync_interval) == ("hts", 7, 9)
+    assert (cfg.env.id, cfg.env.num_envs, cfg.env.num_workers, cfg.env.env_args) == (
+        "conveyor/StepTime-v0", 8, 2, (("dist", "gamma"), ("mean_ms", 0.5)))
     assert cfg.model.hidden == (32, 32) and cfg.algo.lr == 0.001 and cfg.algo.name == "ppo"
     assert cfg.target_return is None and cfg.progress is False
 

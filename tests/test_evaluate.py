@@ -77,7 +77,7 @@ STEP_TIME = EnvCfg(id=STEP_TIME_ID, num_envs=1, num_workers=1, env_args=(("dist"
 def bandit_model(correct: bool):
     """A StepTime policy that always picks the rewarded action (return 100) or never does (return 0)."""
     env = make_env(STEP_TIME, 0)
-    model = make_model(ModelCfg(hidden=(8,)), env.observation_space, env.action_space)
+    model = make_model(RunCfg(model=ModelCfg(hidden=(8,))).model, env.observation_space, env.action_space)
     env.close()
     with torch.no_grad():
         for p in model.parameters():
@@ -139,7 +139,8 @@ def test_eval_command_prints_the_table_and_exits_2_on_bad_runs(tmp_path, capsys)
 
 def test_q_head_and_recurrent_core_are_read_off_the_checkpoint():
     env = make_env(EnvCfg(id="CartPole-v1"), 0)
-    saved = make_model(ModelCfg(hidden=(16,), lstm_size=8), env.observation_space, env.action_space, dueling=True)
+    saved = make_model(RunCfg(model=ModelCfg(hidden=(16,), lstm_size=8)).model, env.observation_space,
+                       env.action_space, dueling=True)
     cfg = RunCfg(model=ModelCfg(hidden=(16,)))  # the config leaves the core and the head implicit (R2D2)
     model = model_for_checkpoint(cfg, env.observation_space, env.action_space, saved.state_dict())
     model.load_state_dict(saved.state_dict())

@@ -29,8 +29,9 @@ from conveyor.envs import episode_seed
 from conveyor.errors import WorkerFailure
 from conveyor.architectures.ga3c.threads import ThreadGroup
 from conveyor.architectures.ga3c.agents import AgentLink, AgentPool
-from conveyor.architectures.ga3c.queues import Channels, channel_specs
+from conveyor.architectures.ga3c.queues import Channels
 from tests.fault_env import TAGGED_ID, BatchRecorder, check_transitions, children, kill_child, tags
+from tests.test_ga3c import segment_schema
 
 torch.set_num_threads(1)
 
@@ -98,7 +99,7 @@ def test_a_killed_agent_stops_the_run_with_one_line_when_restarts_are_off(tmp_pa
 # ---- the protocols, death by death -------------------------------------------------------------
 
 def make_channels(num_ids: int = 2, num_segments: int = 4) -> Channels:
-    return Channels(channel_specs((3,), np.float32, (), np.int64, num_ids, num_segments, T), num_segments)
+    return Channels(segment_schema((3,)), num_ids, num_segments, T)
 
 
 def link_for(channels: Channels, agent: int) -> AgentLink:
@@ -234,7 +235,7 @@ def test_repeatedly_killed_agents_leak_no_slot_and_every_step_is_accounted_for(t
     agents, batch, kills = 2, 2, 3
     num_segments = batch + agents  # tight: the agents hold one each, the trainer gathers the rest
     cfg = tagged_cfg(tmp_path, agents=agents)
-    channels = Channels(channel_specs((3,), np.float32, (), np.int64, agents, num_segments, T), num_segments)
+    channels = Channels(segment_schema((3,)), agents, num_segments, T)
     restarts: list[int] = []
     pool = AgentPool(channels, cfg.to_dict(), cfg.seed, max_restarts=kills, on_restart=restarts.append)
     rng = np.random.default_rng(0)
@@ -278,8 +279,8 @@ def test_repeatedly_killed_agents_leak_no_slot_and_every_step_is_accounted_for(t
                 victim.kill()
                 victim.wait()
                 pool.check()
-                assert pool.restarts == kill + 1 and len(pool) == agents
-        assert pool.restarts == kills and len(restarts) == kills
+                assert pool.restart_budget.restarts == kill + 1 and len(pool) == agents
+        assert pool.restart_budget.restarts == kills and len(restarts) == kills
         victim = list(pool.processes.values())[0]
         victim.kill()
         victim.wait()

@@ -34,7 +34,7 @@ from tests.fault_env import TAGGED_ID, BatchRecorder, TaggedEnv, check_transitio
 torch.set_num_threads(1)
 
 W, E, S, K = 2, 2, 8, 2
-IMPACT_WORKER = "impact_workers"
+IMPACT_WORKER = "impact.workers"
 """A substring of an IMPACT worker's command line (its env workers run ``conveyor.envs.shm_worker``)."""
 
 
@@ -205,7 +205,7 @@ def test_repeated_deaths_reuse_the_slots_until_max_restarts(monkeypatch):
         assert message.startswith("impact worker 1 (pid ") and "\n" not in message, message
         assert "killed by signal SIGKILL" in message and "3 restarts reach max_restarts=3: raise --max-restarts" \
             in message, message
-        assert workers.restarts == 3 and workers.lives == [0, 3] and dropped == [0, 0, 0]
+        assert workers.restart_budget.restarts == 3 and workers.lives == [0, 3] and dropped == [0, 0, 0]
         assert [(index, life) for index, life, _ in starts] == [(0, 0), (1, 0), (1, 1), (1, 2), (1, 3)]
         assert {(index, life) for index, life, _, _ in deliveries} == {(0, 0), (1, 3)}, set(deliveries)
         assert taken[0] > 0 and taken[1] >= 3  # both of life 3's slots went round: 3 batches from 2 slots

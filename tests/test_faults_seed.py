@@ -18,7 +18,8 @@ import torch
 import conveyor
 from conveyor.config import AlgoCfg, ArchCfg, EnvCfg, ModelCfg, RunCfg
 from conveyor.errors import WorkerFailure
-from conveyor.storage.unrolls import FieldSpec, UnrollQueue
+from conveyor.storage.schema import FieldSpec
+from conveyor.storage.unrolls import UnrollQueue
 from conveyor.architectures.seed import server as seed_server
 from conveyor.architectures.seed.batcher import Batcher, InferenceStats
 from conveyor.architectures.seed.inference import CentralInference

@@ -23,14 +23,20 @@ from conveyor.architectures.ga3c.threads import ThreadGroup
 from conveyor.architectures.ga3c.autotune import Autotuner, Counts, plot_history
 from conveyor.config import AlgoCfg, ArchCfg, EnvCfg, ModelCfg, RunCfg
 from conveyor.architectures.ga3c.agents import AgentLink, AgentPool
-from conveyor.architectures.ga3c.queues import Channels, IndexPipe, channel_specs
+from conveyor.architectures.ga3c.queues import SEGMENT_FIELDS, Channels, IndexPipe
+from conveyor.storage.schema import FieldSpec, RolloutSchema
 
 torch.set_num_threads(1)
 NO_RUN = types.SimpleNamespace(request_stop=lambda reason: None)
 
 
+def segment_schema(obs_shape: tuple[int, ...], obs_dtype: torch.dtype = torch.float32) -> RolloutSchema:
+    """GA3C segments of observations ``obs_shape`` and discrete actions."""
+    return RolloutSchema(FieldSpec(obs_shape, obs_dtype), FieldSpec((), torch.int64), SEGMENT_FIELDS)
+
+
 def make_channels(num_ids: int, num_segments: int, unroll: int = 3, obs_shape=(2,)) -> Channels:
-    return Channels(channel_specs(obs_shape, np.float64, (), np.int64, num_ids, num_segments, unroll), num_segments)
+    return Channels(segment_schema(obs_shape, torch.float64), num_ids, num_segments, unroll)
 
 
 def in_process_link(channels: Channels, agent: int) -> AgentLink:
@@ -128,7 +134,7 @@ def test_training_queue_loses_nothing_and_consumes_nothing_twice_while_trainers_
     def agent(link: AgentLink) -> None:
         for _ in range(per_agent):
             slot = link.acquire_segment()
-            link["seg_reward"][slot] = link.segments_pushed  # payload travels with the index
+            link["seg_env_rewards"][slot] = link.segments_pushed  # payload travels with the index
             link.push_segment(slot)
 
     def trainer(stop: threading.Event, serial: int) -> None:
@@ -138,7 +144,7 @@ def test_training_queue_loses_nothing_and_consumes_nothing_twice_while_trainers_
                 return
             seg = channels.segments(slots)
             numbers = channels["seg_number"][slots].copy()
-            assert (seg["reward"][0] == numbers).all()
+            assert (seg["env_rewards"][0] == numbers).all()
             with consumed_lock:
                 consumed.extend(zip(channels["seg_agent"][slots].tolist(), numbers.tolist()))
             channels.release_segments(slots)
@@ -225,8 +231,10 @@ def test_agent_writes_time_major_segments_and_the_last_observation_of_a_cut_epis
         assert seg["truncated"][:, 0].tolist() == [False, False, True, False]
         assert not seg["terminated"].any()
         assert seg["final_obs"][2, 0, 0] == 3  # the last observation of the cut episode, for the bootstrap
-        assert seg["actions"][:, 0].tolist() == [0, 1, 0, 1] and seg["version"][:, 0].tolist() == [0, 1, 2, 3]
-        assert (seg["logp"] == -0.5).all() and (seg["reward"] == 1).all()
+        assert seg["actions"][:, 0].tolist() == [0, 1, 0, 1] and seg["policy_version"][:, 0].tolist() == [0, 1, 2, 3]
+        assert (seg["behaviour_logp"] == -0.5).all() and (seg["env_rewards"] == 1).all()
+        # V(s_T) is not known at acting time: the bootstrap entry keeps the marker.
+        assert seg["behaviour_value"].shape == (5, 2) and np.isnan(seg["behaviour_value"][4]).all()
         returns = seg["episode_return"][:, 0]
         assert returns[2] == 3 and np.isnan(returns[[0, 1, 3]]).all()
         assert channels["steps"][0] >= 8
@@ -248,8 +256,7 @@ def cartpole_cfg(**arch) -> RunCfg:
 def test_agent_processes_resize_at_run_time_without_deadlock_or_leaks():
     cfg = cartpole_cfg()
     batch, max_agents = 2, 6
-    channels = Channels(channel_specs((4,), np.float32, (), np.int64, max_agents, batch + 2 * max_agents, 4),
-                        batch + 2 * max_agents)
+    channels = Channels(segment_schema((4,)), max_agents, batch + 2 * max_agents, 4)
     pool = AgentPool(channels, cfg.to_dict(), base_seed=0)
     rng = np.random.default_rng(0)
 
@@ -311,8 +318,11 @@ def test_agents_exit_when_the_parent_is_killed(tmp_path):
         import numpy as np
         from conveyor.config import RunCfg
         from conveyor.architectures.ga3c.agents import AgentPool
-        from conveyor.architectures.ga3c.queues import Channels, channel_specs
-        channels = Channels(channel_specs((4,), np.float32, (), np.int64, 2, 6, 4), 6)
+        import torch
+        from conveyor.architectures.ga3c.queues import SEGMENT_FIELDS, Channels
+        from conveyor.storage.schema import FieldSpec, RolloutSchema
+        schema = RolloutSchema(FieldSpec((4,), torch.float32), FieldSpec((), torch.int64), SEGMENT_FIELDS)
+        channels = Channels(schema, 2, 6, 4)
         pool = AgentPool(channels, RunCfg.from_dict(json.loads(sys.argv[1])).to_dict(), 0)
         pool.resize(2)
         print(json.dumps(pool.pids()), flush=True)

@@ -29,7 +29,8 @@ from conveyor.envs.step_time import EPISODE_STEPS
 from conveyor.learner import Learner, make_optimizer
 from conveyor.models import make_model
 from conveyor.storage.double import DoubleStorage
-from conveyor.storage.rollout import RolloutStorage
+from conveyor.storage.rollout import ROLLOUT_FIELDS, RolloutStorage
+from conveyor.storage.schema import FieldSpec, RolloutSchema
 from conveyor.architectures.hts.state_buffer import StateBuffer, uniform_generator
 
 torch.set_num_threads(1)
@@ -58,7 +59,8 @@ def alive(pid: int) -> bool:
 # ---- double storage --------------------------------------------------------------------------------
 
 def small_double_storage(T=3, B=6) -> DoubleStorage:
-    return DoubleStorage(lambda: RolloutStorage(T, B, (2,), torch.float32, (), torch.int64))
+    schema = RolloutSchema(FieldSpec((2,), torch.float32), FieldSpec((), torch.int64), ROLLOUT_FIELDS)
+    return DoubleStorage(lambda: RolloutStorage(schema, T, B))
 
 
 def one(value) -> np.ndarray:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conveyor.losses import (
-    entropy_loss, ga3c_entropy, ga3c_policy_loss, impact_ratio, masked_mean, normalize_advantages,
+    ga3c_entropy, ga3c_policy_loss, impact_ratio, masked_mean, normalize_advantages,
     policy_gradient_loss, ppo_clip_loss, r2d2_targets, sequence_priorities, value_loss,
 )
 
@@ -40,7 +40,7 @@ def test_masked_mean_matches_a_loop_and_ignores_nan_in_masked_elements():
         masked_mean(values, mask[:4])
 
 
-@pytest.mark.parametrize("term", ["policy_gradient", "value", "entropy", "ppo_clip", "normalize"])
+@pytest.mark.parametrize("term", ["policy_gradient", "value", "mean", "ppo_clip", "normalize"])
 def test_masked_terms_equal_the_term_on_the_kept_elements_alone(term):
     a, b = rng_tensor(2, 6, 3), rng_tensor(3, 6, 3)
     mask = torch.as_tensor(np.random.default_rng(4).random((6, 3)) < 0.5)
@@ -52,7 +52,7 @@ def test_masked_terms_equal_the_term_on_the_kept_elements_alone(term):
         "policy_gradient": (lambda: policy_gradient_loss(masked_a, masked_b, mask),
                             lambda: policy_gradient_loss(a[mask], b[mask])),
         "value": (lambda: value_loss(masked_a, masked_b, mask), lambda: value_loss(a[mask], b[mask])),
-        "entropy": (lambda: entropy_loss(masked_a, mask), lambda: entropy_loss(a[mask])),
+        "mean": (lambda: masked_mean(masked_a, mask), lambda: a[mask].mean()),
         "ppo_clip": (lambda: ppo_clip_loss(masked_ratio, masked_b, 0.2, mask),
                      lambda: ppo_clip_loss(ratio[mask], b[mask], 0.2)),
         "normalize": (lambda: normalize_advantages(masked_b, mask=mask)[mask],
@@ -95,12 +95,6 @@ def test_value_loss_value_and_gradient():
     assert torch.autograd.gradcheck(lambda v: value_loss(v, targets.detach()), (values.detach().requires_grad_(),))
     # hand-computed: 0.5 * mean((1 - 3)^2, (2 - 2)^2) = 0.5 * 2 = 1
     assert value_loss(t([1.0, 2.0]), t([3.0, 2.0])).item() == 1.0
-
-
-def test_entropy_loss_is_negative_mean():
-    entropy = rng_tensor(4, 3, 3).abs().requires_grad_()
-    assert entropy_loss(entropy).item() == pytest.approx(-entropy.mean().item())
-    assert torch.autograd.gradcheck(entropy_loss, (entropy,))
 
 
 def test_normalize_advantages():
@@ -311,7 +305,7 @@ def test_loss_dtypes_are_preserved(dtype):
     x = torch.rand(3, 2, dtype=dtype) + 0.5
     probs = torch.softmax(torch.randn(3, 2, 4, dtype=dtype), -1)
     actions = torch.zeros(3, 2, dtype=torch.long)
-    for value in (policy_gradient_loss(x, x), value_loss(x, x), entropy_loss(x), ppo_clip_loss(x, x, 0.2),
+    for value in (policy_gradient_loss(x, x), value_loss(x, x), masked_mean(x), ppo_clip_loss(x, x, 0.2),
                   impact_ratio(x, x, x, 2.0), ga3c_policy_loss(probs, actions, x, 1e-6), ga3c_entropy(probs, 1e-6),
                   normalize_advantages(x), sequence_priorities(x, 0.9)):
         assert value.dtype == dtype

@@ -14,9 +14,15 @@ DISCRETE = gym.spaces.Discrete(5)
 CONTINUOUS = gym.spaces.Box(-1, 1, (3,), np.float32)
 
 
+def model_cfg(**fields):
+    """A complete model config (a bare ``ModelCfg`` leaves its preset fields None)."""
+    return ModelCfg(**{"name": "auto", "hidden": (64, 64), "lstm_size": 0, "normalize_obs": False,
+                       "separate_value_net": False, **fields})
+
+
 @pytest.mark.parametrize("name", ["nips_cnn", "nature_cnn", "impala_resnet"])
 def test_cnn_encoders_shapes(name):
-    model = make_model(ModelCfg(name=name), IMAGE, DISCRETE)
+    model = make_model(model_cfg(name=name), IMAGE, DISCRETE)
     obs = torch.randint(0, 256, (3, 2, 4, 84, 84), dtype=torch.uint8)
     out = model(obs)
     assert out.params.shape == (3, 2, 5)
@@ -25,12 +31,12 @@ def test_cnn_encoders_shapes(name):
 
 
 def test_auto_model_picks_by_observation_rank():
-    assert make_model(ModelCfg(), IMAGE, DISCRETE).encoder_name == "nature_cnn"
-    assert make_model(ModelCfg(), VECTOR, DISCRETE).encoder_name == "mlp"
+    assert make_model(model_cfg(), IMAGE, DISCRETE).encoder_name == "nature_cnn"
+    assert make_model(model_cfg(), VECTOR, DISCRETE).encoder_name == "mlp"
 
 
 def test_gaussian_head_shapes_and_log_prob():
-    model = make_model(ModelCfg(name="mlp"), VECTOR, CONTINUOUS)
+    model = make_model(model_cfg(name="mlp"), VECTOR, CONTINUOUS)
     out = model(torch.randn(4, 2, 6))
     assert out.params.shape == (4, 2, 6)  # mean and log-std for 3 action dims
     actions = out.sample()
@@ -78,7 +84,7 @@ def test_gaussian_inverse_cdf_sample():
 
 
 def test_lstm_core_resets_on_done_and_carries_state():
-    model = make_model(ModelCfg(name="mlp", lstm_size=8), VECTOR, DISCRETE)
+    model = make_model(model_cfg(name="mlp", lstm_size=8), VECTOR, DISCRETE)
     obs = torch.randn(6, 2, 6)
     done = torch.zeros(6, 2)
     full = model(obs, done=done)
@@ -92,7 +98,7 @@ def test_lstm_core_resets_on_done_and_carries_state():
 
 
 def test_dueling_head_q_values():
-    model = make_model(ModelCfg(name="mlp", lstm_size=8), VECTOR, DISCRETE, dueling=True)
+    model = make_model(model_cfg(name="mlp", lstm_size=8), VECTOR, DISCRETE, dueling=True)
     out = model(torch.randn(5, 2, 6))
     assert out.q.shape == (5, 2, 5)
     torch.testing.assert_close(out.value, out.q.max(-1).values)
@@ -100,10 +106,10 @@ def test_dueling_head_q_values():
 
 def test_model_errors():
     with pytest.raises(ConfigError, match="image observations"):
-        make_model(ModelCfg(name="nature_cnn"), VECTOR, DISCRETE)
+        make_model(model_cfg(name="nature_cnn"), VECTOR, DISCRETE)
     with pytest.raises(ConfigError, match="flat observations"):
-        make_model(ModelCfg(name="mlp"), IMAGE, DISCRETE)
-    model = make_model(ModelCfg(), VECTOR, DISCRETE)
+        make_model(model_cfg(name="mlp"), IMAGE, DISCRETE)
+    model = make_model(model_cfg(), VECTOR, DISCRETE)
     with pytest.raises(ValueError, match="does not match"):
         model(torch.randn(1, 2, 7))
 
@@ -112,4 +118,86 @@ def test_unsupported_action_spaces_are_refused():
     for space in (gym.spaces.MultiDiscrete([2, 3]), gym.spaces.Box(-1, 1, (2, 2)),
                   gym.spaces.Dict({"a": gym.spaces.Discrete(2)})):
         with pytest.raises(ConfigError, match="action space .* is not supported: use a Discrete or 1-D Box"):
-            make_model(ModelCfg(), VECTOR, space)
+            make_model(model_cfg(), VECTOR, space)
+
+
+def test_obs_normalizer_statistics_equal_those_of_all_data_seen():
+    model = make_model(model_cfg(normalize_obs=True), VECTOR, DISCRETE)
+    data = torch.randn(50, 4, 6) * torch.arange(1.0, 7.0) + 3.0
+    for chunk in data.split([7, 20, 23]):  # batches of different sizes
+        model.obs_normalizer.update(chunk)
+    flat = data.reshape(-1, 6)
+    torch.testing.assert_close(model.obs_normalizer.mean, flat.mean(0))
+    torch.testing.assert_close(model.obs_normalizer.var, flat.var(0, unbiased=False))
+    assert float(model.obs_normalizer.count) == flat.shape[0]
+    standardized = model.obs_normalizer(flat)
+    torch.testing.assert_close(standardized.mean(0), torch.zeros(6), atol=1e-4, rtol=0)
+    torch.testing.assert_close(standardized.std(0, unbiased=False), torch.ones(6), atol=1e-4, rtol=0)
+
+
+def test_obs_normalizer_clips_and_starts_as_identity():
+    model = make_model(model_cfg(normalize_obs=True), VECTOR, DISCRETE)
+    plain = make_model(model_cfg(), VECTOR, DISCRETE)
+    plain.load_state_dict({k: v for k, v in model.state_dict().items() if not k.startswith("obs_normalizer.")})
+    obs = torch.rand(2, 3, 6) * 2 - 1
+    torch.testing.assert_close(model(obs).params, plain(obs).params)  # before any update: mean 0, variance 1
+    model.obs_normalizer.update(torch.zeros(10, 6))
+    assert model.obs_normalizer(torch.full((1, 6), 5.0)).eq(10.0).all()  # variance 0: clipped to +10
+
+
+def test_obs_normalizer_statistics_travel_in_the_state_dict_and_forward_leaves_them():
+    model = make_model(model_cfg(normalize_obs=True), VECTOR, DISCRETE)
+    assert {"obs_normalizer.mean", "obs_normalizer.var", "obs_normalizer.count"} <= set(model.state_dict())
+    assert all(tensor.is_floating_point() for tensor in model.state_dict().values())  # IMPACT's ParamBlock
+    model.obs_normalizer.update(torch.randn(100, 6) + 2.0)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    model(torch.randn(4, 3, 6))
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    copy = make_model(model_cfg(normalize_obs=True), VECTOR, DISCRETE)
+    copy.load_state_dict(model.state_dict())
+    obs = torch.randn(2, 3, 6)
+    torch.testing.assert_close(copy(obs).params, model(obs).params)
+    assert "obs_normalizer.mean" not in make_model(model_cfg(), VECTOR, DISCRETE).state_dict()
+
+
+def test_obs_normalization_is_refused_for_pixels():
+    with pytest.raises(ConfigError, match="normalize_obs .* uint8 pixels"):
+        make_model(model_cfg(normalize_obs=True), IMAGE, DISCRETE)
+
+
+def test_separate_value_net_has_its_own_encoder():
+    model = make_model(model_cfg(separate_value_net=True), VECTOR, CONTINUOUS)
+    assert model.value_encoder is not None
+    obs = torch.randn(3, 2, 6)
+    out = model(obs)
+    out.value.sum().backward()
+    assert all(p.grad is None for p in model.encoder.parameters())  # the value loss leaves the policy trunk alone
+    assert all(p.grad is not None for p in model.value_encoder.parameters())
+    model.zero_grad()
+    model(obs).params.sum().backward()
+    assert all(p.grad is None for p in model.value_encoder.parameters())
+    assert make_model(model_cfg(), VECTOR, CONTINUOUS).value_encoder is None
+
+
+def test_separate_value_net_refuses_recurrent_and_dueling_models():
+    with pytest.raises(ConfigError, match="separate_value_net does not support a recurrent core"):
+        model_cfg(separate_value_net=True, lstm_size=8)
+    with pytest.raises(ConfigError, match="dueling Q head has neither"):
+        make_model(model_cfg(separate_value_net=True), VECTOR, DISCRETE, dueling=True)
+
+
+@pytest.mark.parametrize("space", [DISCRETE, CONTINUOUS])
+def test_sampling_draws_from_the_generator_on_its_own_device(space):
+    # A CPU generator serving a model elsewhere draws on the CPU; on the CPU the draws are those of a plain call.
+    model = make_model(model_cfg(), VECTOR, space)
+    out = model(torch.randn(1, 4, 6))
+    actions = out.sample(generator=torch.Generator().manual_seed(3))
+    again = out.sample(generator=torch.Generator().manual_seed(3))
+    torch.testing.assert_close(actions, again)
+    if space is DISCRETE:
+        uniform = torch.rand((1, 4), generator=torch.Generator().manual_seed(3))
+        torch.testing.assert_close(actions, out.policy.sample(out.params, uniform))
+    else:
+        noise = torch.randn((1, 4, 3), generator=torch.Generator().manual_seed(3))
+        mean, log_std = out.params.chunk(2, dim=-1)
+        torch.testing.assert_close(actions, mean + noise * log_std.exp())

@@ -18,9 +18,8 @@ from conveyor.architectures import run as run_architecture
 from conveyor.cli import main
 from conveyor.architectures.seed.r2d2 import R2D2Learner, R2D2Policy, ReplayLearning, actor_epsilons, epsilon_greedy, make_replay
 from conveyor.storage.replay import SequenceReplay, check_replay_fits, replay_bytes_needed
-from conveyor.storage.rollout import UINT8_MARKER
+from conveyor.storage.schema import UINT8_MARKER, FieldSpec
 from conveyor.storage.sum_tree import SumTree
-from conveyor.storage.unrolls import FieldSpec
 from conveyor.architectures.seed.batcher import EnvSteps
 from conveyor.architectures.seed.inference import CentralInference
 
@@ -397,7 +396,7 @@ def test_replay_ratio_paces_learner_and_actors_without_deadlock():
 
 def test_replay_that_cannot_fit_memory_exits_2_with_the_bytes_needed(capsys, tmp_path):
     assert main(["train", "--arch", "seed", "--algo", "r2d2", "--env", "CartPole-v1", "--replay-bytes", "100000",
-                 "--out", str(tmp_path / "run")]) == 2
+                 "--replay-capacity", "10000", "--seq-len", "80", "--burn-in", "40", "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.strip()
     assert "replay needs" in err and "replay_capacity 10000 x seq_len 80" in err and "replay_bytes 100,000" in err
     assert len(err.splitlines()) == 1
@@ -433,12 +432,12 @@ def test_seed_r2d2_learns_cartpole(tmp_path):
     assert summary["time_split"]["learn"] > 0 and summary["time_split"]["env"] > 0
 
 
-def test_r2d2_clips_gradients_at_80_unless_told_otherwise():
-    default = RunCfg(algo=AlgoCfg(name="r2d2"), arch=ArchCfg(name="seed"), model=ModelCfg(name="mlp", lstm_size=5))
-    assert R2D2Learner(small_model(default), algos.make_loss(default), default).max_grad_norm == 80.0
-    chosen = r2d2_cfg()
-    chosen = RunCfg(algo=AlgoCfg(name="r2d2", max_grad_norm=10.0), arch=chosen.arch, model=chosen.model)
-    assert R2D2Learner(small_model(chosen), algos.make_loss(chosen), chosen).max_grad_norm == 10.0
+@pytest.mark.parametrize("given, clip", [(None, 80.0), (40.0, 40.0), (10.0, 10.0)])
+def test_r2d2_clips_gradients_at_80_unless_told_otherwise(given, clip):
+    """The r2d2 preset clips at 80 (SEED table 8); an explicit value wins, even PAAC's 40 (the base preset's)."""
+    cfg = RunCfg(algo=AlgoCfg(name="r2d2", max_grad_norm=given), arch=ArchCfg(name="seed"),
+                 model=ModelCfg(name="mlp", lstm_size=5))
+    assert R2D2Learner(small_model(cfg), algos.make_loss(cfg), cfg).max_grad_norm == clip
 
 
 @pytest.mark.slow

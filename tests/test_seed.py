@@ -27,7 +27,8 @@ import torch
 
 from conveyor.architectures.seed.actor import _drain
 from conveyor.config import EnvCfg
-from conveyor.storage.unrolls import FieldSpec, PartialUnrolls, UnrollQueue
+from conveyor.storage.schema import FieldSpec
+from conveyor.storage.unrolls import PartialUnrolls, UnrollQueue
 from conveyor.architectures.seed import seed_pb2, seed_pb2_grpc, wire
 from conveyor.architectures.seed.batcher import Batcher, EnvSteps, InferenceStats
 from conveyor.architectures.seed.inference import ActInput, ActOutput, CentralInference
@@ -226,7 +227,7 @@ class EchoPolicy:
     """Action = int(obs[0]); value of a final observation = obs[1]; an optional counting 'recurrent state'."""
 
     action_spec = FieldSpec((), torch.int64)
-    step_fields = {"behaviour_logp": FieldSpec((), torch.float32)}
+    step_fields = ("behaviour_logp",)
 
     def __init__(self, recurrent=False):
         self.state_fields = {"count": FieldSpec((), torch.float32, "start")} if recurrent else {}

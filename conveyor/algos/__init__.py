@@ -21,7 +21,7 @@ from conveyor.models.heads import ModelOut
 
 LossFn = Callable[[ModelOut, dict[str, Tensor]], tuple[Tensor, dict[str, Tensor]]]
 
-__all__ = ["DISCRETE_ONLY", "LossFn", "batch_series", "make_loss", "rollout_length"]
+__all__ = ["DISCRETE_ONLY", "LossFn", "actor_critic_total", "batch_series", "make_loss", "rollout_length"]
 
 DISCRETE_ONLY = ("ga3c", "r2d2")
 """Algorithms whose losses need action probabilities or action values: refused for continuous actions."""
@@ -49,3 +49,13 @@ def batch_series(batch: dict[str, Tensor], key: str, like: Tensor) -> Tensor:
     if key not in batch:
         raise KeyError(f"the batch has no {key!r}: the architecture must provide it for this algorithm")
     return batch[key].to(like.dtype)
+
+
+def actor_critic_total(policy: Tensor, value: Tensor, entropy: Tensor, value_coef: float, entropy_coef: float,
+                       **extra: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+    """The tail every actor-critic loss shares: ``loss = policy + value_coef * value - entropy_coef * entropy``
+    (``entropy`` is the mean entropy, a bonus), and the metrics ``loss``, ``policy_loss``, ``value_loss``,
+    ``entropy`` plus ``extra``, all detached."""
+    loss = policy + value_coef * value - entropy_coef * entropy
+    metrics = {"loss": loss, "policy_loss": policy, "value_loss": value, "entropy": entropy, **extra}
+    return loss, {name: m.detach() for name, m in metrics.items()}

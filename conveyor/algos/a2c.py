@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from conveyor.algos import LossFn, batch_series, rollout_length
+from conveyor.algos import LossFn, actor_critic_total, batch_series, rollout_length
 from conveyor.config import RunCfg
-from conveyor.losses import entropy_loss, masked_mean, policy_gradient_loss, value_loss
+from conveyor.losses import masked_mean, policy_gradient_loss, value_loss
 from conveyor.models.heads import ModelOut
 from conveyor.returns import nstep_returns
 
@@ -30,9 +30,7 @@ def make_loss(cfg: RunCfg) -> LossFn:
         policy = policy_gradient_loss(acting.log_prob(batch["actions"]), advantages, valid)
         value = value_loss(values[:T], returns, valid)
         entropy = masked_mean(acting.entropy(), valid)
-        loss = policy + algo.value_coef * value + algo.entropy_coef * entropy_loss(entropy)
-        metrics = {"loss": loss, "policy_loss": policy, "value_loss": value, "entropy": entropy,
-                   "advantage_mean": masked_mean(advantages, valid)}
-        return loss, {name: m.detach() for name, m in metrics.items()}
+        return actor_critic_total(policy, value, entropy, algo.value_coef, algo.entropy_coef,
+                                  advantage_mean=masked_mean(advantages, valid))
 
     return loss_fn

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from conveyor.algos import LossFn, batch_series, rollout_length
+from conveyor.algos import LossFn, actor_critic_total, batch_series, rollout_length
 from conveyor.config import RunCfg
-from conveyor.losses import entropy_loss, ga3c_entropy, ga3c_policy_loss, value_loss
+from conveyor.losses import ga3c_entropy, ga3c_policy_loss, value_loss
 from conveyor.models.heads import ModelOut
 from conveyor.returns import nstep_returns
 
@@ -32,9 +32,7 @@ def make_loss(cfg: RunCfg) -> LossFn:
         policy = ga3c_policy_loss(probs, batch["actions"], advantages, algo.ga3c_eps)
         value = value_loss(values[:T], returns)
         entropy = ga3c_entropy(probs, algo.ga3c_eps).mean()
-        loss = policy + algo.value_coef * value + algo.entropy_coef * entropy_loss(entropy)
-        metrics = {"loss": loss, "policy_loss": policy, "value_loss": value, "entropy": entropy,
-                   "advantage_mean": advantages.mean()}
-        return loss, {name: m.detach() for name, m in metrics.items()}
+        return actor_critic_total(policy, value, entropy, algo.value_coef, algo.entropy_coef,
+                                  advantage_mean=advantages.mean())
 
     return loss_fn

@@ -5,7 +5,7 @@ target network (an architecture without a target network passes the
 behaviour log-probs), and, when ``cfg.algo.kl_coef > 0``, ``target_params
 [T, B, P]``, the target network's policy parameters.
 
-The surrogate ratio follows ``cfg.arch.impact_ratio`` (paper figure 4 ablation):
+The surrogate ratio follows ``cfg.algo.impact_ratio`` (paper figure 4 ablation):
 ``target`` (R1) = pi_learner / pi_target, ``worker`` (R2) = pi_learner / pi_worker,
 ``impact`` (R3) = pi_learner / max(pi_target, pi_worker / impact_rho). Advantages
 are the ``pg_advantages`` of ``vtrace(worker_logp, target_logp, ..., lam=gae_lambda)``
@@ -22,16 +22,16 @@ import math
 import torch
 from torch import Tensor
 
-from conveyor.algos import LossFn, batch_series, rollout_length
+from conveyor.algos import LossFn, actor_critic_total, batch_series, rollout_length
 from conveyor.config import RunCfg
-from conveyor.losses import entropy_loss, impact_ratio, ppo_clip_loss, value_loss
+from conveyor.losses import impact_ratio, ppo_clip_loss, value_loss
 from conveyor.models.heads import ModelOut
 from conveyor.returns import vtrace
 
 
 def make_loss(cfg: RunCfg) -> LossFn:
     algo = cfg.algo
-    ratio_kind = cfg.arch.impact_ratio
+    ratio_kind = algo.impact_ratio
 
     def loss_fn(model_out: ModelOut, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         T = rollout_length(model_out, batch)
@@ -52,20 +52,18 @@ def make_loss(cfg: RunCfg) -> LossFn:
         policy = ppo_clip_loss(ratio, targets.pg_advantages, algo.clip)
         value = value_loss(values[:T], targets.vs)
         entropy = acting.entropy().mean()
-        loss = policy + algo.value_coef * value + algo.entropy_coef * entropy_loss(entropy)
-        metrics = {
-            "policy_loss": policy, "value_loss": value, "entropy": entropy,
+        extra = {
             "ratio_mean": ratio.mean(), "ratio_max": ratio.max(),
             "clip_fraction": ((ratio - 1).abs() > algo.clip).to(ratio.dtype).mean(),
             # Where pi_worker / pi_target exceeds rho, IMPACT's max() picks the worker term.
             "worker_ratio_clip_fraction":
                 (worker_logp - target_logp > math.log(algo.impact_rho)).to(ratio.dtype).mean(),
         }
+        loss, metrics = actor_critic_total(policy, value, entropy, algo.value_coef, algo.entropy_coef, **extra)
         if algo.kl_coef > 0:
             kl = acting.kl_from(batch_series(batch, "target_params", values)).mean()
             loss = loss + algo.kl_coef * kl
-            metrics["kl_target"] = kl
-        metrics["loss"] = loss
-        return loss, {name: m.detach() for name, m in metrics.items()}
+            metrics.update(loss=loss.detach(), kl_target=kl.detach())
+        return loss, metrics
 
     return loss_fn

@@ -14,9 +14,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from conveyor.algos import LossFn, batch_series, rollout_length
+from conveyor.algos import LossFn, actor_critic_total, batch_series, rollout_length
 from conveyor.config import RunCfg
-from conveyor.losses import entropy_loss, masked_mean, normalize_advantages, ppo_clip_loss, value_loss
+from conveyor.losses import masked_mean, normalize_advantages, ppo_clip_loss, value_loss
 from conveyor.models.heads import ModelOut
 from conveyor.returns import gae
 
@@ -40,15 +40,12 @@ def make_loss(cfg: RunCfg) -> LossFn:
         policy = ppo_clip_loss(ratio, advantages, algo.clip, valid)
         value = value_loss(values[:T], returns, valid)
         entropy = masked_mean(acting.entropy(), valid)
-        loss = policy + algo.value_coef * value + algo.entropy_coef * entropy_loss(entropy)
         detached_ratio = ratio.detach() if valid is None else ratio.detach()[valid]
-        metrics = {
-            "loss": loss, "policy_loss": policy, "value_loss": value, "entropy": entropy,
-            "ratio_mean": detached_ratio.mean(), "ratio_max": detached_ratio.max(),
-            "clip_fraction": ((detached_ratio - 1).abs() > algo.clip).to(ratio.dtype).mean(),
+        return actor_critic_total(
+            policy, value, entropy, algo.value_coef, algo.entropy_coef,
+            ratio_mean=detached_ratio.mean(), ratio_max=detached_ratio.max(),
+            clip_fraction=((detached_ratio - 1).abs() > algo.clip).to(ratio.dtype).mean(),
             # Schulman's k3 estimator of KL(behaviour || current): unbiased and never negative.
-            "approx_kl": masked_mean(ratio - 1 - log_ratio, valid),
-        }
-        return loss, {name: m.detach() for name, m in metrics.items()}
+            approx_kl=masked_mean(ratio - 1 - log_ratio, valid))
 
     return loss_fn

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from conveyor.algos import LossFn, batch_series, rollout_length
+from conveyor.algos import LossFn, actor_critic_total, batch_series, rollout_length
 from conveyor.config import RunCfg
-from conveyor.losses import entropy_loss, policy_gradient_loss, value_loss
+from conveyor.losses import policy_gradient_loss, value_loss
 from conveyor.models.heads import ModelOut
 from conveyor.returns import vtrace
 
@@ -32,13 +32,9 @@ def make_loss(cfg: RunCfg) -> LossFn:
         policy = policy_gradient_loss(logp, targets.pg_advantages)
         value = value_loss(values[:T], targets.vs)
         entropy = acting.entropy().mean()
-        loss = policy + algo.value_coef * value + algo.entropy_coef * entropy_loss(entropy)
         rhos = (logp - behaviour_logp).exp()
-        metrics = {
-            "loss": loss, "policy_loss": policy, "value_loss": value, "entropy": entropy,
-            "rho_mean": rhos.mean(), "rho_max": rhos.max(),
-            "rho_clip_fraction": (rhos > algo.clip_rho).to(rhos.dtype).mean(),
-        }
-        return loss, {name: m.detach() for name, m in metrics.items()}
+        return actor_critic_total(policy, value, entropy, algo.value_coef, algo.entropy_coef,
+                                  rho_mean=rhos.mean(), rho_max=rhos.max(),
+                                  rho_clip_fraction=(rhos > algo.clip_rho).to(rhos.dtype).mean())
 
     return loss_fn

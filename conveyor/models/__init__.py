@@ -2,7 +2,9 @@
 
 All models take time-major observations ``[T, B, *obs_shape]`` and return a
 ``ModelOut``. uint8 observations (Atari frames) are scaled to [0, 1] inside
-the model so storage and transport keep the compact dtype.
+the model so storage and transport keep the compact dtype; float observations
+may be standardized by running statistics (``ModelCfg.normalize_obs``,
+``ObsNormalizer``) kept as buffers, so they travel with the weights.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from torch import Tensor, nn
 from conveyor.config import ConfigError, ModelCfg
 from conveyor.models.encoders import ENCODERS
 from conveyor.models.heads import Categorical, DiagGaussian, ModelOut, PolicyFamily
+from conveyor.models.normalize import ObsNormalizer
 
-__all__ = ["ActorCritic", "ModelOut", "Categorical", "DiagGaussian", "PolicyFamily", "make_model", "policy_family"]
+__all__ = ["ActorCritic", "ModelOut", "Categorical", "DiagGaussian", "ObsNormalizer", "PolicyFamily", "make_model",
+           "policy_family"]
 
 
 def policy_family(action_space: gym.Space) -> PolicyFamily:
@@ -37,11 +41,15 @@ def _init_linear(layer: nn.Linear, gain: float) -> nn.Linear:
 
 
 class ActorCritic(nn.Module):
-    """Encoder -> [LSTM core] -> policy head + value head (or a dueling Q head).
+    """[ObsNormalizer] -> encoder -> [LSTM core] -> policy head + value head (or a dueling Q head).
 
     ``forward(obs [T, B, ...], state, done [T, B], prev_action [T, B], prev_reward [T, B])``.
     The LSTM takes the one-hot previous action and the previous reward with the
     features (R2D2) and resets its state where ``done`` marks a new episode.
+    With ``separate_value_net`` the value head reads a second encoder of the
+    same architecture (no LSTM core, no dueling head). ``obs_normalizer`` is
+    None unless ``normalize_obs``; its statistics change only through
+    ``Learner.apply_gradients``, never in ``forward``.
     """
 
     def __init__(self, obs_shape: tuple[int, ...], action_space: gym.Space, cfg: ModelCfg, dueling: bool = False):
@@ -57,7 +65,12 @@ class ActorCritic(nn.Module):
         if name == "mlp" and len(obs_shape) != 1:
             raise ConfigError(f"model mlp needs flat observations, got shape {obs_shape}: use --model nature_cnn")
         self.encoder_name = name
+        self.obs_normalizer = ObsNormalizer(self.obs_shape) if cfg.normalize_obs else None
         self.encoder, feat = ENCODERS[name](obs_shape, cfg)
+        if cfg.separate_value_net and dueling:
+            raise ConfigError("separate_value_net splits the policy and value trunks, and a dueling Q head has "
+                              "neither: drop --separate-value-net")
+        self.value_encoder = ENCODERS[name](obs_shape, cfg)[0] if cfg.separate_value_net else None
         self.lstm_size = cfg.lstm_size
         self.num_actions = self.policy.param_size if self.policy.discrete else 0
         if self.lstm_size:
@@ -91,9 +104,12 @@ class ActorCritic(nn.Module):
         T, B = obs.shape[:2]
         x = obs.reshape(T * B, *self.obs_shape)
         x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
+        if self.obs_normalizer is not None:
+            x = self.obs_normalizer(x)
         feat = self.encoder(x).reshape(T, B, -1)
         if self.lstm_size:
             feat, state = self._core(feat, state, done, prev_action, prev_reward)
+        value_feat = feat if self.value_encoder is None else self.value_encoder(x).reshape(T, B, -1)
         if self.dueling:
             adv = self.advantage(feat)
             q = self.state_value(feat) + adv - adv.mean(-1, keepdim=True)
@@ -101,7 +117,7 @@ class ActorCritic(nn.Module):
         params = self.policy_head(feat)
         if not self.policy.discrete:
             params = torch.cat([params, self.log_std.expand_as(params)], dim=-1)
-        return ModelOut(self.policy, params, self.value_head(feat).squeeze(-1), state)
+        return ModelOut(self.policy, params, self.value_head(value_feat).squeeze(-1), state)
 
     def _core(self, feat: Tensor, state: Any, done: Tensor | None, prev_action: Tensor | None,
               prev_reward: Tensor | None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
@@ -129,6 +145,9 @@ class ActorCritic(nn.Module):
 def make_model(cfg: ModelCfg, observation_space: gym.Space, action_space: gym.Space, dueling: bool = False) -> ActorCritic:
     if not isinstance(observation_space, gym.spaces.Box):
         raise ConfigError(f"observation space {observation_space} is not supported: use a Box observation space")
+    if cfg.normalize_obs and observation_space.dtype == np.uint8:
+        raise ConfigError("normalize_obs standardizes float observations, and these are uint8 pixels (already "
+                          "scaled to [0, 1] in the model): drop --normalize-obs")
     return ActorCritic(tuple(observation_space.shape), action_space, cfg, dueling)
 
 

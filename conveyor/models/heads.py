@@ -5,17 +5,27 @@ A policy family is stateless: it interprets a parameter tensor ``params``
 log-std) and offers log-prob, entropy, KL and sampling. Sampling takes an
 optional ``uniform`` tensor so that an external generator can fix the action
 (HTS-RL executors send one uniform per step; the actor samples by inverse CDF).
+Random numbers come from the ``generator``'s device (so a CPU generator can
+serve a cuda model, drawing the same numbers as on a CPU run) and are moved
+to the parameters' device.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
 from torch.nn import functional as F
+
+
+def _draw(draw: Callable[..., Tensor], shape: torch.Size, generator: torch.Generator | None, like: Tensor) -> Tensor:
+    """``draw`` (``torch.rand``/``torch.randn``) of ``shape`` from ``generator`` on its own device, on ``like``'s
+    device and dtype."""
+    device = like.device if generator is None else generator.device
+    return draw(shape, generator=generator, device=device, dtype=like.dtype).to(like.device)
 
 
 class Categorical:
@@ -48,7 +58,7 @@ class Categorical:
         """Inverse-CDF sample: the first action whose cumulative probability exceeds ``uniform`` ``[...]``."""
         probs = self.probs(params.float())
         if uniform is None:
-            uniform = torch.rand(probs.shape[:-1], generator=generator, device=probs.device)
+            uniform = _draw(torch.rand, probs.shape[:-1], generator, probs)
         cdf = probs.cumsum(-1)
         action = (cdf < uniform.to(cdf.dtype).unsqueeze(-1)).sum(-1)
         return action.clamp_(max=self.num_actions - 1)
@@ -91,7 +101,7 @@ class DiagGaussian:
         """Sample; ``uniform`` ``[..., A]`` in (0, 1) maps through the normal inverse CDF."""
         mean, log_std = self._split(params)
         if uniform is None:
-            noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
+            noise = _draw(torch.randn, mean.shape, generator, mean)
         else:
             u = uniform.to(mean.dtype).clamp(1e-7, 1 - 1e-7)
             noise = math.sqrt(2.0) * torch.erfinv(2 * u - 1)

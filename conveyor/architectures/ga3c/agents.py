@@ -5,7 +5,7 @@ torch nor the parent's ``__main__``; their spec arrives as JSON on stdin.
 They ignore SIGINT (the parent stops them), stop cleanly between steps when
 their ``stop`` flag is set (with no request outstanding), stop at once on the
 ``shutdown`` flag, and exit by themselves when the parent dies (end of file on
-the reply pipe, or a changed parent pid).
+the reply pipe, or ``conveyor.procs.parent_gone``).
 
 ``AgentPool.check`` (the learner's main loop, every 0.1 s) tells deaths from
 deliberate stops (``stop``: autotune removing agents; ``close``: the end of
@@ -14,8 +14,8 @@ counts as a stop): a dead agent is detached and restarted at once with the
 same id, up to ``max_restarts`` restarts per run in all (the architecture
 passes ``cfg.env.max_restarts``; the default here, 0, never restarts), each
 reported through ``on_restart(dropped_steps)``. The death that would need
-one restart more raises ``WorkerFailure``: one line naming the agent, its
-pid, its exit reason and the fix.
+one restart more raises ``WorkerFailure`` (``conveyor.procs.RestartBudget``):
+one line naming the agent, its pid, its exit reason and the fix.
 
 Seeds. Every episode is seeded: the ``e``-th episode played under agent id
 ``a`` (counted over all processes that held the id, in the shared
@@ -27,10 +27,8 @@ sent for training, and the episodes of each id are the same in every run.
 
 from __future__ import annotations
 
-import json
 import os
 import select
-import signal
 import subprocess
 import sys
 import time
@@ -40,20 +38,12 @@ from typing import Any, Callable
 import numpy as np
 
 from conveyor.architectures.ga3c.queues import INDEX_DTYPE, Channels, IndexPipe, Reply
-from conveyor.errors import WorkerFailure
-from conveyor.procs import start_child
-from conveyor.storage.shm import ArraySpec, SharedArrays
+from conveyor.procs import (CLOSE_GRACE_S, RestartBudget, array_specs_from_json, child_prologue, exit_reason,
+                            parent_gone, reap, start_child)
+from conveyor.storage.shm import SharedArrays
 
 _AGENT_ENTRY = "from conveyor.architectures.ga3c.agents import agent_main; agent_main()"
-_CLOSE_GRACE_S = 5.0
-_FIX = "raise --max-restarts or see the agent's error above"
 _POLL_MS = 500
-
-
-def _exit_reason(code: int | None) -> str:
-    from conveyor.envs.vector import exit_reason
-
-    return exit_reason(code)
 
 
 class AgentPool:
@@ -70,11 +60,10 @@ class AgentPool:
         self.channels = channels
         self.cfg_dict = cfg_dict
         self.base_seed = base_seed
-        self.max_restarts = max_restarts
+        self.restart_budget = RestartBudget(max_restarts)
         self.on_restart = on_restart or (lambda dropped_steps: None)
         self.ending = ending or (lambda: False)
         self.started = 0
-        self.restarts = 0
         self.dropped_steps = 0
         self.abandoned_steps = 0
         self.processes: dict[int, subprocess.Popen] = {}
@@ -93,7 +82,7 @@ class AgentPool:
             self.stop(next(reversed(self.processes)))
 
     def start(self) -> int:
-        deadline = time.monotonic() + _CLOSE_GRACE_S
+        deadline = time.monotonic() + CLOSE_GRACE_S
         while not self.free_ids:  # wait for an agent that was asked to stop to give its id back
             if not self.stopping or time.monotonic() > deadline:
                 raise RuntimeError(f"all {self.channels.num_ids} GA3C agent ids are in use")
@@ -108,10 +97,9 @@ class AgentPool:
         channels = self.channels
         channels["stop"][agent] = False
         reply_read, reply_write = os.pipe()
-        spec = {"sys_path": sys.path, "cfg": self.cfg_dict, "seed": self.base_seed, "parent_pid": os.getpid(),
-                **channels.agent_spec(agent, reply_read)}
+        spec = {"cfg": self.cfg_dict, "seed": self.base_seed, **channels.agent_spec(agent, reply_read)}
         try:
-            process = start_child(_AGENT_ENTRY, (*channels.agent_fds(), reply_read))
+            process = start_child(_AGENT_ENTRY, spec, (*channels.agent_fds(), reply_read))
         except BaseException:
             os.close(reply_write)
             raise
@@ -120,11 +108,6 @@ class AgentPool:
         channels.reply_fds[agent] = reply_write
         self.processes[agent] = process
         self.started += 1
-        try:
-            process.stdin.write(json.dumps(spec).encode())
-            process.stdin.close()
-        except BrokenPipeError:
-            pass  # it died at start; check() restarts it
 
     def stop(self, agent: int) -> None:
         """Ask ``agent`` to stop after its current step; its id is reused once it has exited."""
@@ -147,16 +130,10 @@ class AgentPool:
                 self.abandoned_steps += self.channels.detach(agent)
                 self.free_ids.append(agent)
                 continue
-            failure = f"GA3C agent {agent} (pid {process.pid}) died ({_exit_reason(process.returncode)})"
-            if self.restarts >= self.max_restarts:
-                limit = ("restarts are off (max_restarts=0)" if not self.max_restarts else
-                         f"the run's {self.restarts} restarts reach max_restarts={self.max_restarts}")
-                raise WorkerFailure(f"{failure}; {limit}: {_FIX}")
+            self.restart_budget.spend(f"GA3C agent {agent} (pid {process.pid}) died "
+                                      f"({exit_reason(process.returncode)})")
             dropped = self.channels.detach(agent)
-            self.restarts += 1
             self.dropped_steps += dropped
-            print(f"conveyor: {failure}; restarting it ({self.restarts} of at most {self.max_restarts} restarts, "
-                  f"{dropped} half-written steps dropped)", file=sys.stderr, flush=True)
             self._launch(agent)
             self.on_restart(dropped)
 
@@ -167,13 +144,8 @@ class AgentPool:
         """Stop every agent at once (politely, then by force) and take back their slots; idempotent."""
         self.channels["shutdown"][0] = True
         everyone = {**self.processes, **self.stopping}
-        deadline = time.monotonic() + _CLOSE_GRACE_S
-        for agent, process in everyone.items():
-            try:
-                process.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        reap(list(everyone.values()))
+        for agent in everyone:
             self.abandoned_steps += self.channels.detach(agent)
         self.processes.clear()
         self.stopping.clear()
@@ -184,8 +156,7 @@ class AgentLink:
 
     def __init__(self, spec: dict[str, Any]):
         self.agent = int(spec["agent"])
-        self.parent_pid = int(spec["parent_pid"])
-        self.shared = SharedArrays([ArraySpec(n, tuple(s), d) for n, s, d in spec["specs"]], spec["shm_fd"])
+        self.shared = SharedArrays(array_specs_from_json(spec["specs"]), spec["shm_fd"])
         self.reply_fd = spec["reply_fd"]
         pipes = spec["pipes"]
         self.requests = IndexPipe(tuple(pipes["requests"]))
@@ -203,7 +174,7 @@ class AgentLink:
         return bool(self.shared["stop"][self.agent] or self.shared["shutdown"][0])
 
     def orphaned(self) -> bool:
-        return bool(self.shared["shutdown"][0]) or os.getppid() != self.parent_pid
+        return bool(self.shared["shutdown"][0]) or parent_gone()
 
     def predict(self, obs: np.ndarray) -> Reply | None:
         """The answer for ``obs``; None when the run shuts down (or the parent died) first."""
@@ -259,7 +230,7 @@ class AgentLink:
 def run_agent(env: Any, link: AgentLink, unroll: int, seed: int | None = None) -> None:
     """Play ``env`` in segments of ``unroll`` steps until asked to stop. With ``seed`` (the run's), episode ``e``
     of this agent id starts with ``reset(seed=episode_seed(seed, agent, e))``; without, unseeded resets."""
-    from conveyor.envs.make import EPISODE_KEY, episode_seed
+    from conveyor.envs import EPISODE_KEY, episode_seed
 
     a = link.agent
     steps, env_time, env_errors, episodes = link["steps"], link["env_time_s"], link["env_errors"], link["episodes"]
@@ -278,9 +249,9 @@ def run_agent(env: Any, link: AgentLink, unroll: int, seed: int | None = None) -
             break
         link["seg_obs"][slot, t] = obs
         link["seg_actions"][slot, t] = reply.action
-        link["seg_logp"][slot, t] = reply.logp
-        link["seg_value"][slot, t] = reply.value
-        link["seg_version"][slot, t] = reply.version
+        link["seg_behaviour_logp"][slot, t] = reply.logp
+        link["seg_behaviour_value"][slot, t] = reply.value
+        link["seg_policy_version"][slot, t] = reply.version
         start = time.perf_counter()
         action = reply.action.item() if reply.action.ndim == 0 else reply.action
         try:
@@ -295,7 +266,7 @@ def run_agent(env: Any, link: AgentLink, unroll: int, seed: int | None = None) -
             next_obs, reset_info = reset()
             episode = episode or reset_info.get(EPISODE_KEY)
         env_time[a] += time.perf_counter() - start
-        link["seg_reward"][slot, t] = reward
+        link["seg_env_rewards"][slot, t] = reward
         link["seg_terminated"][slot, t] = terminated
         link["seg_truncated"][slot, t] = truncated
         link["seg_episode_return"][slot, t] = episode["r"] if episode else np.nan
@@ -311,16 +282,14 @@ def run_agent(env: Any, link: AgentLink, unroll: int, seed: int | None = None) -
 
 def agent_main() -> None:
     """Entry point of an agent process: JSON spec on stdin, then ``run_agent`` until stopped."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when agents stop
-    spec = json.loads(sys.stdin.buffer.read())
-    sys.path[:] = spec["sys_path"]
+    spec = child_prologue()
     from conveyor.config import RunCfg
     from conveyor.envs import episode_seed, make_env
 
     cfg = RunCfg.from_dict(spec["cfg"])
     link = AgentLink(spec)
     agent, seed = link.agent, int(spec["seed"])
-    env = make_env(cfg.env, episode_seed(seed, agent, int(link["episodes"][agent])))
+    env = make_env(cfg.env, episode_seed(seed, agent, int(link["episodes"][agent])), cfg.algo.gamma)
     try:
         run_agent(env, link, cfg.arch.unroll, seed)
     finally:

@@ -7,10 +7,11 @@ Storage owns memory; transport moves indices. One shared memory block
   (action, log-prob, value, parameter version) and sequence numbers; the
   id's counters (steps, env and wait seconds, env errors, episodes started)
   and the segment slot its holder is filling (``holding``, ``holding_gen``);
-- ``num_segments`` *segment slots* of t_max steps each (observations with the
-  bootstrap one, actions, rewards, flags, the truncated episodes' last
-  observations, behaviour log-probs and versions, finished episodes'
-  returns), with the steps written so far (``seg_steps``) and a generation
+- ``num_segments`` *segment slots* of t_max steps each, holding the rollout
+  fields ``SEGMENT_FIELDS`` (observations with the bootstrap one, actions,
+  env rewards, flags, the truncated episodes' last observations, behaviour
+  log-probs, values and versions, finished episodes' returns) as
+  ``seg_<field>``, with the steps written so far (``seg_steps``) and a generation
   (``seg_gen``, raised by the learner each time it takes the slot off the
   training queue).
 
@@ -57,11 +58,14 @@ import termios
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import numpy as np
 
 from conveyor.storage.shm import ArraySpec, SharedArrays
+
+if TYPE_CHECKING:  # agent processes import this module and never load torch
+    from conveyor.storage.schema import RolloutSchema
 
 INDEX_DTYPE = np.dtype("<i4")
 # Writes of at most PIPE_BUF bytes are atomic, so 4-byte indices never interleave between writers.
@@ -116,15 +120,24 @@ class IndexPipe:
             os.close(fd)
 
 
-def channel_specs(obs_shape: tuple[int, ...], obs_dtype: Any, action_shape: tuple[int, ...], action_dtype: Any,
-                  num_ids: int, num_segments: int, unroll: int) -> list[ArraySpec]:
-    """The layout of the shared block: ``num_ids`` request slots, ``num_segments`` segment slots of ``unroll`` steps."""
-    A, S, T = num_ids, num_segments, unroll
+SEGMENT_FIELDS = ("obs", "final_obs", "actions", "env_rewards", "terminated", "truncated", "behaviour_logp",
+                  "behaviour_value", "policy_version", "episode_return")
+"""The rollout fields of a segment (``conveyor.storage.schema``): each step as the env gave it (the learner
+folds the truncation bootstrap in) and as the predictor answered; ``behaviour_value[T]`` stays the marker."""
+SEGMENT_PREFIX = "seg_"
+"""Segment arrays are named ``seg_<field>`` in the shared block (the request slots use the plain names)."""
+
+
+def channel_specs(schema: RolloutSchema, num_ids: int, num_segments: int, unroll: int) -> list[ArraySpec]:
+    """The layout of the shared block: ``num_ids`` request slots, ``num_segments`` segment slots of ``unroll`` steps
+    holding ``schema``'s fields."""
+    A, S = num_ids, num_segments
+    obs, action = schema.fields["obs"], schema.fields["actions"]
     return [
-        ArraySpec("obs", (A, *obs_shape), obs_dtype),
+        ArraySpec("obs", (A, *obs.shape), obs.array_dtype),
         ArraySpec("request_seq", (A,), "int64"),
         ArraySpec("reply_seq", (A,), "int64"),
-        ArraySpec("action", (A, *action_shape), action_dtype),
+        ArraySpec("action", (A, *action.shape), action.array_dtype),
         ArraySpec("logp", (A,), "float32"),
         ArraySpec("value", (A,), "float32"),
         ArraySpec("version", (A,), "int64"),
@@ -139,16 +152,7 @@ def channel_specs(obs_shape: tuple[int, ...], obs_dtype: Any, action_shape: tupl
         # The segment slot the id's holder claimed (read from the free pipe straight into here) and its generation.
         ArraySpec("holding", (A,), INDEX_DTYPE.str),
         ArraySpec("holding_gen", (A,), "int64"),
-        ArraySpec("seg_obs", (S, T + 1, *obs_shape), obs_dtype),
-        ArraySpec("seg_final_obs", (S, T, *obs_shape), obs_dtype),
-        ArraySpec("seg_actions", (S, T, *action_shape), action_dtype),
-        ArraySpec("seg_reward", (S, T), "float32"),
-        ArraySpec("seg_terminated", (S, T), "bool"),
-        ArraySpec("seg_truncated", (S, T), "bool"),
-        ArraySpec("seg_logp", (S, T), "float32"),
-        ArraySpec("seg_value", (S, T), "float32"),
-        ArraySpec("seg_version", (S, T), "int64"),
-        ArraySpec("seg_episode_return", (S, T), "float64"),
+        *schema.array_specs(S, unroll, prefix=SEGMENT_PREFIX),
         ArraySpec("seg_agent", (S,), "int64"),
         ArraySpec("seg_number", (S,), "int64"),
         ArraySpec("seg_steps", (S,), "int64"),
@@ -170,11 +174,14 @@ class Reply(NamedTuple):
 
 
 class Channels:
-    """Learner side: the shared block, the three index pipes and the agents' reply pipes."""
+    """Learner side: the shared block, the three index pipes and the agents' reply pipes.
 
-    def __init__(self, specs: list[ArraySpec], num_segments: int):
-        self.shared = SharedArrays(specs)
-        self.num_ids = self.shared["obs"].shape[0]
+    ``schema`` (``SEGMENT_FIELDS`` of the run's spaces) fixes what a segment of ``unroll`` steps holds."""
+
+    def __init__(self, schema: RolloutSchema, num_ids: int, num_segments: int, unroll: int):
+        self.shared = SharedArrays(channel_specs(schema, num_ids, num_segments, unroll))
+        self.segment_fields = tuple(schema.fields)
+        self.num_ids = num_ids
         self.num_segments = num_segments
         if max(self.num_ids, num_segments) * INDEX_DTYPE.itemsize >= 65536:
             raise ValueError(f"{self.num_ids} agent ids / {num_segments} segments exceed what one pipe holds")
@@ -194,17 +201,14 @@ class Channels:
         """The head of the training queue: slots read off the pipe but not used (oldest first)."""
 
     def _fill_markers(self) -> None:
-        import torch
-
-        from conveyor.storage.rollout import marker_tensor
+        from conveyor.storage.schema import fill_marker  # imports torch, which agent processes never load
 
         for spec in self.shared.specs:
             array = self.shared[spec.name]
             if spec.name in _CONTROL_START:
                 array[...] = _CONTROL_START[spec.name]
             else:
-                tensor = torch.from_numpy(array)
-                tensor.copy_(marker_tensor(tuple(tensor.shape), tensor.dtype))
+                fill_marker(array)
 
     def __getitem__(self, name: str) -> np.ndarray:
         return self.shared[name]
@@ -301,10 +305,9 @@ class Channels:
         return slots
 
     def segments(self, slots: np.ndarray) -> dict[str, np.ndarray]:
-        """Copies of the segments in ``slots``, time-major ``[T(+1), B, ...]`` (B = len(slots))."""
-        names = ("obs", "final_obs", "actions", "reward", "terminated", "truncated", "logp", "value", "version",
-                 "episode_return")
-        return {name: np.ascontiguousarray(self.shared[f"seg_{name}"][slots].swapaxes(0, 1)) for name in names}
+        """Copies of the segments in ``slots``, time-major ``[T(+1), B, ...]`` (B = len(slots)), by field name."""
+        return {name: np.ascontiguousarray(self.shared[SEGMENT_PREFIX + name][slots].swapaxes(0, 1))
+                for name in self.segment_fields}
 
     def release_segments(self, slots: np.ndarray) -> None:
         self.free_segments.put(slots)

@@ -52,13 +52,15 @@ from torch import Tensor, nn
 from conveyor.acting import policy_step, step_targets
 from conveyor.architectures.ga3c.autotune import KNOBS, Autotuner, Counts, plot_history
 from conveyor.architectures.ga3c.agents import AgentPool
-from conveyor.architectures.ga3c.queues import Channels, channel_specs
+from conveyor.architectures.ga3c.queues import SEGMENT_FIELDS, Channels
 from conveyor.architectures.ga3c.threads import ThreadGroup, locked
+from conveyor import algos
 from conveyor.config import RunCfg
 from conveyor.envs import env_spaces
 from conveyor.errors import WorkerFailure
 from conveyor.models import make_model
 from conveyor.run import Run
+from conveyor.storage.schema import RolloutSchema
 
 MAX_THREADS = 8
 """Most predictor and trainer threads autotune may choose."""
@@ -66,16 +68,16 @@ MAX_THREADS = 8
 
 def training_batch(model: nn.Module, seg: dict[str, np.ndarray], gamma: float,
                    device: torch.device) -> dict[str, Tensor]:
-    """The learner's batch from copied segments (``Channels.segments``), truncation bootstrap folded in."""
-    targets = [step_targets(model, seg["reward"][t], seg["terminated"][t], seg["truncated"][t], seg["final_obs"][t],
-                            gamma, device) for t in range(len(seg["reward"]))]
-    batch = {name: torch.from_numpy(seg[key]).to(device) for name, key in
-             (("obs", "obs"), ("actions", "actions"), ("behaviour_logp", "logp"), ("policy_version", "version"))}
+    """The learner's batch from copied segments (``Channels.segments``), truncation bootstrap folded in.
+
+    A segment has no V(s_T) from acting time (a2c and ga3c recompute it): its ``behaviour_value[T]`` is the marker.
+    """
+    targets = [step_targets(model, seg["env_rewards"][t], seg["terminated"][t], seg["truncated"][t],
+                            seg["final_obs"][t], gamma, device) for t in range(len(seg["env_rewards"]))]
+    batch = {name: torch.from_numpy(seg[name]).to(device)
+             for name in ("obs", "actions", "behaviour_logp", "behaviour_value", "policy_version")}
     batch["rewards"] = torch.stack([reward for reward, _ in targets])
     batch["discounts"] = torch.stack([discount for _, discount in targets])
-    # A segment has no V(s_T) from acting time (a2c and ga3c recompute it): the marker NaN stands in.
-    values = torch.from_numpy(seg["value"])
-    batch["behaviour_value"] = torch.cat([values, torch.full_like(values[:1], float("nan"))]).to(device)
     return batch
 
 
@@ -84,17 +86,15 @@ def run(cfg: RunCfg) -> dict[str, Any]:
     with Run(cfg) as run:
         obs_space, action_space = env_spaces(cfg.env, cfg.seed)
         model = make_model(cfg.model, obs_space, action_space)
-        learner = run.learner(model)
+        learner = run.learner(model, algos.make_loss(cfg))
         device, tel = learner.device, run.telemetry
         start = Counts(arch.num_agents, arch.num_predictors, arch.num_trainers)
         high = Counts(max(2 * arch.num_agents, 8), MAX_THREADS, MAX_THREADS) if arch.autotune else start
-        action_dtype = np.int64 if model.policy.discrete else np.float32
         # Agents fill at most one segment each; one trainer gathers at a time: this many never run out.
         num_segments = arch.min_train_batch + 2 * high.agents
         # Twice the ids: an agent that was asked to stop holds its id until it has exited.
-        channels = run.closing(Channels(channel_specs(obs_space.shape, obs_space.dtype, model.policy.action_shape(),
-                                                      action_dtype, 2 * high.agents, num_segments, arch.unroll),
-                                        num_segments))
+        segment = RolloutSchema.build(obs_space, model.policy, SEGMENT_FIELDS)
+        channels = run.closing(Channels(segment, 2 * high.agents, num_segments, arch.unroll))
         agents = run.closing(AgentPool(channels, cfg.to_dict(), cfg.seed, max_restarts=cfg.env.max_restarts,
                                        on_restart=tel.add_restart, ending=run.stop_event.is_set))
         update_lock, params_lock, gather_lock = threading.Lock(), threading.Lock(), threading.Lock()
@@ -127,11 +127,11 @@ def run(cfg: RunCfg) -> dict[str, Any]:
                 channels.release_segments(slots)
                 with update_lock, run.timer("learn"):
                     batch = training_batch(model, seg, cfg.algo.gamma, device)
-                    tel.add_lag(learner.version, seg["version"])
+                    tel.add_lag(learner.version, seg["policy_version"])
                     metrics, _ = learner.compute_gradients(batch)
                     with params_lock:
-                        learner.apply_gradients()
-                    run.record_env_step(seg["reward"].size, seg["episode_return"].reshape(-1))
+                        learner.apply_gradients(batch["obs"])
+                    run.record_env_step(seg["env_rewards"].size, seg["episode_return"].reshape(-1))
                     run.after_update(learner, metrics)
 
         predictors = run.closing(ThreadGroup("ga3c-predictor", predict, run))

@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import contextlib
-import sys
 import threading
 from typing import Iterable, Iterator
 
@@ -22,7 +21,6 @@ from torch import Tensor, nn
 
 from conveyor.acting import step_targets, values_of
 from conveyor.envs.history import EnvHistory
-from conveyor.errors import WorkerFailure
 from conveyor.learner import Learner
 from conveyor.storage.double import DoubleStorage
 from conveyor.telemetry import Telemetry
@@ -38,21 +36,31 @@ def copy_params(targets: Iterable[Tensor], sources: Iterable[Tensor]) -> None:
         target.copy_(source)
 
 
+def acting_tensors(model: nn.Module) -> list[Tensor]:
+    """What decides a model's actions: its parameters, then its buffers (the input statistics of
+    ``normalize_obs``)."""
+    return [*model.parameters(), *model.buffers()]
+
+
 def delayed_update(learner: Learner, behaviour: list[Tensor], batch: dict[str, Tensor], epochs: int = 1,
                    minibatches: int = 1, generator: torch.Generator | None = None) -> dict[str, float]:
     """One HTS-RL update (eq. 6): the algorithm's update computed at the behaviour parameters theta_{t-1}
-    (``behaviour``, in ``model.parameters()`` order) on the data they collected, applied to theta_t.
+    (``behaviour``, in ``acting_tensors`` order) on the data they collected, applied to theta_t.
 
     A2C: theta_{t+1} = theta_t + step(g(theta_{t-1})), one optimizer step with the gradient at theta_{t-1}.
     PPO: its ``epochs x minibatches`` steps run from theta_{t-1} exactly as synchronous PPO would (the first
-    at ratio 1), and the change they make moves theta_t. Either way it is one policy version.
+    at ratio 1), and the change they make moves theta_t. Either way it is one policy version. The gradient is
+    taken under the input statistics theta_{t-1} acted with; the learner's own statistics then take in the batch.
     """
-    params = list(learner.model.parameters())
+    params, buffers = list(learner.model.parameters()), list(learner.model.buffers())
     version = learner.version
     current = [p.detach().clone() for p in params]
-    copy_params(params, behaviour)
+    statistics = [b.clone() for b in buffers]
+    copy_params(params + buffers, behaviour)
     metrics = learner.update_epochs(batch, epochs, minibatches, generator)
     copy_params(params, [c + (p.detach() - b) for c, p, b in zip(current, params, behaviour)])
+    copy_params(buffers, statistics)  # update_epochs folded the batch into theta_{t-1}'s statistics: redo it
+    learner.observe(batch["obs"])
     learner.version = version + 1
     return metrics
 
@@ -157,13 +165,11 @@ class Actors:
 
 
 def restart_dead_executors(buffer: StateBuffer, actors: Actors, storage: DoubleStorage, history: EnvHistory,
-                           round_index: int, telemetry: Telemetry, max_restarts: int) -> None:
-    """Replace every dead executor (see the module docstring); raise ``WorkerFailure`` past ``max_restarts``."""
+                           round_index: int, telemetry: Telemetry) -> None:
+    """Replace every dead executor (see the module docstring); raise ``WorkerFailure`` past
+    ``EnvCfg.max_restarts`` (``StateBuffer.restart_budget``)."""
     for index in buffer.dead_executors():
-        death = buffer.death(index)
-        if buffer.restarts >= max_restarts:
-            raise WorkerFailure(f"{death}; after {buffer.restarts} restarts: raise --max-restarts "
-                                f"(now {max_restarts}) or fix what kills it")
+        buffer.restart_budget.spend(buffer.death(index))
         envs = buffer.envs_of(index)
         with actors.paused():
             dropped = storage.forget(envs)
@@ -173,5 +179,3 @@ def restart_dead_executors(buffer: StateBuffer, actors: Actors, storage: DoubleS
             history.start_games(envs)
             buffer.restart(index, episodes, round_index)
         telemetry.add_restart(dropped)
-        print(f"conveyor: {death}; restarted it ({buffer.restarts} of at most {max_restarts} restarts)",
-              file=sys.stderr, flush=True)

@@ -42,13 +42,16 @@ from typing import Any
 
 import torch
 
+from conveyor import algos
 from conveyor.config import RunCfg
 from conveyor.envs.history import EnvHistory
-from conveyor.architectures.hts.actors import POLL_S, Actors, copy_params, delayed_update, restart_dead_executors
+from conveyor.architectures.hts.actors import (POLL_S, Actors, acting_tensors, copy_params, delayed_update,
+                                               restart_dead_executors)
 from conveyor.models import make_model
 from conveyor.run import Run
 from conveyor.storage.double import DoubleStorage
-from conveyor.storage.rollout import RolloutStorage
+from conveyor.storage.rollout import ROLLOUT_FIELDS, RolloutStorage
+from conveyor.storage.schema import RolloutSchema
 from conveyor.architectures.hts.state_buffer import StateBuffer
 
 STOP_GRACE_S = 10.0
@@ -63,8 +66,7 @@ def _wait_round(run: Run, buffer: StateBuffer, actors: Actors, storage: DoubleSt
     with run.timer("wait"):
         while not storage.wait_full(POLL_S):
             actors.check()
-            restart_dead_executors(buffer, actors, storage, history, rounds, run.telemetry,
-                                   run.cfg.env.max_restarts)
+            restart_dead_executors(buffer, actors, storage, history, rounds, run.telemetry)
             buffer.check_env_errors()
             if run.stop_event.is_set():
                 stopped_at = stopped_at or time.monotonic()
@@ -78,19 +80,19 @@ def run(cfg: RunCfg) -> dict[str, Any]:
         resumed = run.resume_state.get("hts_rounds") is not None
         rounds = int(run.resume_state["hts_rounds"]) if resumed else 0
         history = EnvHistory.from_state(run.resume_state["env_state"]) if resumed else EnvHistory(cfg.env.num_envs)
-        buffer = run.closing(StateBuffer(cfg.env, cfg.seed, cfg.arch.sync_interval,
+        buffer = run.closing(StateBuffer(cfg.env, cfg.seed, cfg.arch.sync_interval, gamma=cfg.algo.gamma,
                                          start=history if resumed else None, first_round=rounds))
         if not resumed:
             history.start_games(slice(None))
         obs_space = buffer.single_observation_space
         model = make_model(cfg.model, obs_space, buffer.single_action_space)
-        learner = run.learner(model)
+        learner = run.learner(model, algos.make_loss(cfg))
         # The acting parameters (theta_t of the round) and the gradient point of the next update (theta_{t-1}).
         acting = copy.deepcopy(learner.model).requires_grad_(False)
-        behaviour = [p.detach().clone() for p in learner.model.parameters()]
-        storage = DoubleStorage(lambda: RolloutStorage(
-            cfg.arch.sync_interval, cfg.env.num_envs, obs_space.shape, torch.from_numpy(obs_space.sample()).dtype,
-            model.policy.action_shape(), torch.int64 if model.policy.discrete else torch.float32, learner.device))
+        behaviour = [t.detach().clone() for t in acting_tensors(learner.model)]
+        schema = RolloutSchema.build(obs_space, model.policy, ROLLOUT_FIELDS)
+        storage = DoubleStorage(lambda: RolloutStorage(schema, cfg.arch.sync_interval, cfg.env.num_envs,
+                                                       learner.device))
         actors = run.closing(Actors(cfg.arch.num_actors, buffer, storage, acting, cfg.algo.gamma, run.telemetry))
         actors.version = learner.version
         sampler = torch.Generator().manual_seed(cfg.seed)
@@ -119,8 +121,8 @@ def run(cfg: RunCfg) -> dict[str, Any]:
             full = storage.swap()
             rounds += 1
             # The parameters that just acted become the gradient point; the learner's latest act next.
-            copy_params(behaviour, acting.parameters())
-            copy_params(acting.parameters(), learner.model.parameters())
+            copy_params(behaviour, acting_tensors(acting))
+            copy_params(acting_tensors(acting), acting_tensors(learner.model))
             actors.version = learner.version
             pending = full.storage.batch()
             actions = full.storage.actions.cpu().numpy()

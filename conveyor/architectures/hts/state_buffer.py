@@ -47,7 +47,6 @@ from __future__ import annotations
 import itertools
 import os
 import select
-import signal
 import subprocess
 import time
 import traceback
@@ -61,9 +60,8 @@ from conveyor.config import ConfigError, EnvCfg
 from conveyor.errors import WorkerFailure
 from conveyor.envs.make import env_spaces
 from conveyor.envs.shm_worker import EnvWorker, WorkerSpec, env_worker_layout, write_message
-from conveyor.envs.vector import exit_reason
 from conveyor.storage.shm import ArraySpec, SharedArrays
-from conveyor.procs import reap, receive_child_spec, send_child_spec, start_child
+from conveyor.procs import RestartBudget, child_prologue, close_children, exit_reason, reap, start_child
 
 GO = -1
 """Action-pipe record, main thread -> executor: start the next round."""
@@ -78,7 +76,6 @@ if TYPE_CHECKING:
 
 _RECORD = np.dtype("<i4")
 _ENTRY = "from conveyor.architectures.hts.state_buffer import main; main()"
-_CLOSE_GRACE_S = 5.0
 
 
 def uniform_generator(seed: int, env: int, round_index: int) -> np.random.Generator:
@@ -92,6 +89,8 @@ class ExecutorSpec(NamedTuple):
     """How many executors held this index before (its ready records carry it)."""
     env_cfg: EnvCfg
     seed: int
+    gamma: float | None
+    """The run's discount (``EnvCfg.normalize_reward``)."""
     first_env: int
     num_envs: int
     episodes: tuple
@@ -130,13 +129,8 @@ def _records(values: Any) -> bytes:
 
 def _shutdown(executors: list[_Executor], ready_fds: tuple[int, int], shared: SharedArrays) -> None:
     """Stop the executors (STOP, then by force), close the pipes, release the memory block."""
-    for executor in executors:
-        try:
-            os.write(executor.action_fd, _records([STOP]))
-        except OSError:
-            pass  # already gone
-        os.close(executor.action_fd)
-    reap([executor.process for executor in executors], _CLOSE_GRACE_S)
+    close_children([executor.process for executor in executors], [executor.action_fd for executor in executors],
+                   _records([STOP]))
     executors.clear()
     for fd in ready_fds:
         os.close(fd)
@@ -146,11 +140,12 @@ def _shutdown(executors: list[_Executor], ready_fds: tuple[int, int], shared: Sh
 class StateBuffer:
     """Parent side: starts the executors; actors take requests and answer them; the main thread starts rounds."""
 
-    def __init__(self, cfg: EnvCfg, seed: int, sync_interval: int, *, start: EnvHistory | None = None,
-                 first_round: int = 0) -> None:
+    def __init__(self, cfg: EnvCfg, seed: int, sync_interval: int, *, gamma: float | None = None,
+                 start: EnvHistory | None = None, first_round: int = 0) -> None:
         """``start``: rebuild every env to the state this history recorded (a resumed run), and play rounds
         from ``first_round`` on; otherwise every env starts episode 0."""
         self.cfg, self.num_envs, self.sync_interval, self.seed = cfg, cfg.num_envs, sync_interval, seed
+        self.gamma = gamma
         self.single_observation_space, self.single_action_space = env_spaces(cfg, seed)
         obs_space, act_space = self.single_observation_space, self.single_action_space
         if not isinstance(obs_space, gym.spaces.Box):
@@ -182,8 +177,8 @@ class StateBuffer:
         self._executors: list[_Executor] = []
         self._owner = np.repeat(np.arange(workers), cfg.envs_per_worker)
         self._incarnation = np.zeros(workers, np.int64)
-        self.restarts = 0
-        """Executors replaced so far."""
+        self.restart_budget = RestartBudget(cfg.max_restarts)
+        """Whoever replaces a dead executor spends a restart first, before it forgets what the dead one wrote."""
         self._finalizer = weakref.finalize(self, _shutdown, self._executors, (self._ready_fd, self._ready_write),
                                            self.shared)
         episodes = start.next_episode if start is not None else np.zeros(B, np.int64)
@@ -204,22 +199,18 @@ class StateBuffer:
 
     def _start_executor(self, index: int, episodes: np.ndarray, replay: tuple, first_round: int,
                         join_round: bool) -> _Executor:
+        per = self.cfg.envs_per_worker
         action_read, action_write = os.pipe()
+        spec = ExecutorSpec(index, int(self._incarnation[index]), self.cfg, self.seed, self.gamma, index * per, per,
+                            tuple(episodes.tolist()), replay, first_round, join_round, self.sync_interval,
+                            self._uniform_shape, self.shared.specs, self.shared.fd, self._ready_write, action_read)
         try:
-            process = start_child(_ENTRY, (self.shared.fd, self._ready_write, action_read))
+            process = start_child(_ENTRY, spec, (self.shared.fd, self._ready_write, action_read))
         except BaseException:
             os.close(action_write)
             raise
         finally:
             os.close(action_read)
-        per = self.cfg.envs_per_worker
-        spec = ExecutorSpec(index, int(self._incarnation[index]), self.cfg, self.seed, index * per, per,
-                            tuple(episodes.tolist()), replay, first_round, join_round, self.sync_interval,
-                            self._uniform_shape, self.shared.specs, self.shared.fd, self._ready_write, action_read)
-        try:
-            send_child_spec(process.stdin, spec)
-        except BrokenPipeError:
-            pass  # it died at start; dead_executors reports it
         return _Executor(index, process, action_write, index * per, per)
 
     # ---- actor side ------------------------------------------------------------------------
@@ -264,10 +255,9 @@ class StateBuffer:
         one wrote this round."""
         old = self._executors[index]
         os.close(old.action_fd)
-        reap([old.process], _CLOSE_GRACE_S)
+        reap([old.process])
         self.shared["message"][index] = 0
         self._incarnation[index] += 1
-        self.restarts += 1
         self._executors[index] = self._start_executor(index, episodes, (), round_index, True)
 
     def check_env_errors(self) -> None:
@@ -318,7 +308,7 @@ def _incoming(action_fd: int, num_envs: int) -> Iterator[int]:
 
 def _serve(spec: ExecutorSpec, shared: SharedArrays) -> None:
     alpha, first = spec.sync_interval, spec.first_env
-    envs = [EnvWorker(WorkerSpec(spec.index, spec.env_cfg, spec.seed, first + i, 1, (spec.episodes[i],),
+    envs = [EnvWorker(WorkerSpec(spec.index, spec.env_cfg, spec.seed, spec.gamma, first + i, 1, (spec.episodes[i],),
                                  (spec.replay[i],) if spec.replay else (), spec.array_specs, spec.shm_fd, -1, -1),
                       shared) for i in range(spec.num_envs)]
     uniform, request_step = shared["uniform"], shared["request_step"]
@@ -369,9 +359,7 @@ def _serve(spec: ExecutorSpec, shared: SharedArrays) -> None:
 
 
 def main() -> None:
-    # Ctrl-C reaches the whole process group; the parent decides when executors stop.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    spec: ExecutorSpec = receive_child_spec(ExecutorSpec)
+    spec: ExecutorSpec = child_prologue(ExecutorSpec)
     shared = SharedArrays(spec.array_specs, spec.shm_fd)
     try:
         _serve(spec, shared)

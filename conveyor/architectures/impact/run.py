@@ -14,7 +14,7 @@ The learner walks the ``CircularBuffer`` round-robin. When the position at
 the cursor is empty it takes the oldest ready slot, copies it in and hands
 the slot back to its worker. On a batch's first use the target network's
 log-probs (and policy parameters, for the KL penalty) are attached. Every
-update: lag histogram, one optimizer step; every ``target_update_interval``
+update: lag histogram, one optimizer step; every ``--target-update``
 updates the target network copies the learner, every ``--broadcast-interval``
 updates the learner publishes its weights.
 
@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from conveyor import algos
 from conveyor.config import ConfigError, RunCfg
 from conveyor.errors import WorkerFailure
 from conveyor.envs import env_spaces
@@ -58,7 +59,7 @@ def run(cfg: RunCfg) -> dict[str, Any]:
     with Run(cfg) as run:
         obs_space, action_space = env_spaces(cfg.env, cfg.seed)
         model = make_model(cfg.model, obs_space, action_space)
-        learner = run.learner(model)
+        learner = run.learner(model, algos.make_loss(cfg))
         target = copy.deepcopy(model).requires_grad_(False) if use_target else None
         pool = run.closing(SharedArrays(pool_specs(cfg, obs_space, action_space)))
         params = run.closing(ParamBlock(model))
@@ -102,7 +103,7 @@ def run(cfg: RunCfg) -> dict[str, Any]:
                 batch, _ = buffer.take(attach_target if cfg.algo.name == "impact" else None)
                 run.telemetry.add_lag(learner.version, batch["policy_version"].cpu().numpy())
                 metrics = learner.update(batch)
-                if target is not None and learner.version % arch.target_update_interval == 0:
+                if target is not None and learner.version % arch.target_update == 0:
                     target.load_state_dict(model.state_dict())
                     run.telemetry.count("target_syncs")
                 if learner.version % arch.broadcast_interval == 0:

@@ -50,10 +50,8 @@ envs and exit reason.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import select
-import signal
 import subprocess
 import sys
 import time
@@ -71,42 +69,36 @@ from conveyor.config import RunCfg
 from conveyor.errors import WorkerDied, WorkerFailure
 from conveyor.envs import make_vector_env
 from conveyor.envs.shm_worker import MESSAGE_BYTES, write_message
-from conveyor.envs.vector import exit_reason
-from conveyor.models import make_model
+from conveyor.models import make_model, policy_family
 from conveyor.architectures.impact.params import ParamBlock
+from conveyor.storage.schema import RolloutSchema
 from conveyor.storage.shm import ArraySpec, SharedArrays
-from conveyor.procs import reap, start_child
+from conveyor.procs import (RestartBudget, array_specs_from_json, child_prologue, close_children, exit_reason, reap,
+                            start_child, terminate)
 
 SLOTS_PER_WORKER = 2
 """A worker fills one slot while the learner may still hold its other one."""
 FATAL = 255
+"""Reply byte of a worker that failed (its message row says why); other bytes name a ready slot."""
 DIED_EXIT = 3
 """Exit code of a worker whose own env worker died: a death, restarted like any other."""
-"""Reply byte of a worker that failed (its message row says why); other bytes name a ready slot."""
 _WORKER_ENTRY = "from conveyor.architectures.impact.workers import worker_main; worker_main()"
 POLL_S = 0.2
-_CLOSE_GRACE_S = 5.0
-_FIX = "raise --max-restarts, or see the worker's error above"
+BATCH_FIELDS = ("obs", "actions", "rewards", "discounts", "behaviour_logp", "policy_version")
+"""What the learner trains on; a slot also holds each step's finished-episode return (``episode_return``)."""
 
 
 def pool_specs(cfg: RunCfg, obs_space: gym.Space, action_space: gym.Space) -> list[ArraySpec]:
-    """Layout of the worker batch slots: ``[W * SLOTS_PER_WORKER, S (+1), E, ...]`` per field."""
+    """Layout of the worker batch slots: ``[W * SLOTS_PER_WORKER, S (+1), E, ...]`` per rollout field."""
     slots, S, E = cfg.env.num_workers * SLOTS_PER_WORKER, cfg.arch.worker_batch, cfg.env.envs_per_worker
-    discrete = isinstance(action_space, gym.spaces.Discrete)
+    schema = RolloutSchema.build(obs_space, policy_family(action_space), (*BATCH_FIELDS, "episode_return"))
     return [
-        ArraySpec("obs", (slots, S + 1, E, *obs_space.shape), np.dtype(obs_space.dtype).str),
-        ArraySpec("actions", (slots, S, E, *action_space.shape), "int64" if discrete else "float32"),
-        *(ArraySpec(name, (slots, S, E), "float32") for name in ("rewards", "discounts", "behaviour_logp")),
-        ArraySpec("policy_version", (slots, S, E), "int64"),
-        ArraySpec("episode_return", (slots, S, E), "float64"),
+        *schema.array_specs(slots, S, E),
         ArraySpec("seconds", (slots, 2), "float64"),  # the batch's env and act time
         ArraySpec("slot_steps", (slots,), "int64"),  # steps written into a slot its worker is filling
         ArraySpec("env_errors", (cfg.env.num_workers,), "int64"),
         ArraySpec("message", (cfg.env.num_workers, MESSAGE_BYTES), "uint8"),
     ]
-
-
-BATCH_FIELDS = ("obs", "actions", "rewards", "discounts", "behaviour_logp", "policy_version")
 
 
 def worker_seeds(cfg: RunCfg, index: int, life: int) -> tuple[int, int]:
@@ -119,12 +111,9 @@ def worker_seeds(cfg: RunCfg, index: int, life: int) -> tuple[int, int]:
 # ---- worker process ----------------------------------------------------------------------------
 def worker_main() -> None:
     """Entry point of a worker process; reads its JSON spec from stdin (see ``Workers``)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner decides when workers stop
-    spec = json.loads(sys.stdin.read())
-    sys.path[:] = spec["sys_path"]
+    spec = child_prologue()
     torch.set_num_threads(1)
-    pool = SharedArrays([ArraySpec(name, tuple(shape), dtype) for name, shape, dtype in spec["pool"]],
-                        spec["pool_fd"])
+    pool = SharedArrays(array_specs_from_json(spec["pool"]), spec["pool_fd"])
     try:
         collect(spec, pool)
     except WorkerDied as death:  # our env worker died: die too (no FATAL report), so the learner restarts us
@@ -147,7 +136,7 @@ def collect(spec: dict[str, Any], pool: SharedArrays) -> None:
     cfg, index = RunCfg.from_dict(spec["cfg"]), spec["index"]
     E, S = cfg.env.envs_per_worker, cfg.arch.worker_batch
     env_seed, sampler_seed = worker_seeds(cfg, index, spec["life"])
-    venv = make_vector_env(dataclasses.replace(cfg.env, num_envs=E, num_workers=1), env_seed)
+    venv = make_vector_env(dataclasses.replace(cfg.env, num_envs=E, num_workers=1), env_seed, gamma=cfg.algo.gamma)
     try:
         model = make_model(cfg.model, venv.single_observation_space, venv.single_action_space)
         params = ParamBlock(model, spec["params_fd"])
@@ -230,7 +219,7 @@ class Workers:
     def __init__(self, cfg: RunCfg, pool: SharedArrays, params: ParamBlock, *, max_restarts: int = 0,
                  on_restart: Callable[[int], Any] | None = None, stopping: Callable[[], bool] | None = None):
         self.cfg, self.pool, self.params = cfg, pool, params
-        self.max_restarts = max_restarts
+        self.restart_budget = RestartBudget(max_restarts)
         self.on_restart = on_restart or (lambda dropped_steps: None)
         self.stopping = stopping or (lambda: False)
         count = cfg.env.num_workers
@@ -239,7 +228,6 @@ class Workers:
         self.reply_fds: dict[int, int] = {}  # reply fd -> worker index
         self.lives = [0] * count
         """Restarts of each worker so far (its current life)."""
-        self.restarts = 0
         self.delivered = [False] * count
         """Whether each worker's current process has sent a batch (else it may still be starting up)."""
         self.held: set[int] = set()
@@ -259,7 +247,12 @@ class Workers:
     def _start(self, index: int) -> None:
         command_read, command_write = os.pipe()
         reply_read, reply_write = os.pipe()
-        process = start_child(_WORKER_ENTRY, (self.pool.fd, self.params.fd, command_read, reply_write))
+        spec = {"index": index, "life": self.lives[index], "cfg": self.cfg.to_dict(),
+                "pool_fd": self.pool.fd, "pool": [list(s) for s in self.pool.specs], "params_fd": self.params.fd,
+                "command_fd": command_read, "reply_fd": reply_write,
+                "free": [slot for slot in self._slots(index) if slot not in self.held],
+                "env_errors_base": int(self.pool["env_errors"][index])}
+        process = start_child(_WORKER_ENTRY, spec, (self.pool.fd, self.params.fd, command_read, reply_write))
         os.close(command_read)
         os.close(reply_write)
         self.processes[index] = process
@@ -267,16 +260,6 @@ class Workers:
         self.command_fds[index] = command_write
         self.reply_fds[reply_read] = index
         self.poller.register(reply_read, select.POLLIN)
-        spec = {"index": index, "life": self.lives[index], "cfg": self.cfg.to_dict(), "sys_path": sys.path,
-                "pool_fd": self.pool.fd, "pool": [list(s) for s in self.pool.specs], "params_fd": self.params.fd,
-                "command_fd": command_read, "reply_fd": reply_write,
-                "free": [slot for slot in self._slots(index) if slot not in self.held],
-                "env_errors_base": int(self.pool["env_errors"][index])}
-        try:
-            process.stdin.write(json.dumps(spec).encode())
-            process.stdin.close()
-        except BrokenPipeError:
-            pass  # it died at start; next_slot notices
 
     def next_slot(self, timeout_s: float) -> int | None:
         """The oldest ready slot, waiting up to ``timeout_s``; None if none came. Restarts dead workers;
@@ -305,8 +288,8 @@ class Workers:
     def _receive(self, index: int, data: bytes) -> bool:
         """Queue the ready slots named in ``data`` (from worker ``index``); False at end of file."""
         if FATAL in data:
-            self._reap(index)
-            raise self._failure(index, "failed", "; see its traceback above")
+            reap([self.processes[index]])
+            raise WorkerFailure(f"{self._end(index, 'failed')}; see its traceback above")
         self.delivered[index] = self.delivered[index] or bool(data)
         for local in data:
             slot = index * SLOTS_PER_WORKER + local
@@ -315,29 +298,19 @@ class Workers:
             self.ready.append(slot)
         return bool(data)
 
-    def _reap(self, index: int) -> None:
-        process = self.processes[index]
-        try:
-            process.wait(timeout=1.0)
-        except subprocess.TimeoutExpired:  # its pipe closed but the process lingers: finish it
-            process.kill()
-            process.wait()
-
     def _restart(self, index: int) -> None:
         """Worker ``index`` died: keep the batches it sent, drop what it half wrote, start a new process."""
-        self._reap(index)
+        reap([self.processes[index]])  # its pipe closed: it is exiting, or it lingers and is killed
         reply_fd = next(fd for fd, owner in self.reply_fds.items() if owner == index)
         while self._receive(index, os.read(reply_fd, 64)):  # the writer is gone: this ends at end of file
             pass
         unfinished = [slot for slot in self._slots(index) if slot not in self.held]
         dropped = int(self.pool["slot_steps"][unfinished].sum()) * self.cfg.env.envs_per_worker
         self.pool["slot_steps"][unfinished] = 0
+        death = self._end(index, "died")
         if self.stopping():
-            raise self._failure(index, "died", " while the run was stopping")
-        if self.restarts >= self.max_restarts:
-            limit = ("restarts are off (max_restarts=0)" if not self.max_restarts else
-                     f"the run's {self.restarts} restarts reach max_restarts={self.max_restarts}")
-            raise self._failure(index, "died", f"; {limit}: {_FIX}")
+            raise WorkerFailure(f"{death} while the run was stopping")
+        self.restart_budget.spend(death)
         self.pool["message"][index] = 0
         self.poller.unregister(reply_fd)
         os.close(reply_fd)
@@ -345,29 +318,27 @@ class Workers:
         os.close(self.command_fds[index])
         self.lives[index] += 1
         self._start(index)
-        self.restarts += 1
         self.on_restart(dropped)
 
-    def _failure(self, index: int, verb: str, tail: str = "") -> WorkerFailure:
-        """One line: the worker (index, pid, envs), ``verb`` with its exit reason, its message's last line, ``tail``."""
+    def _end(self, index: int, verb: str) -> str:
+        """How worker ``index`` ended, in a line: the worker (index, pid, envs), ``verb`` with its exit reason,
+        its message's last line."""
         process, E = self.processes[index], self.cfg.env.envs_per_worker
         raw = self.pool["message"][index].tobytes().split(b"\0", 1)[0].decode("utf-8", "replace")
         lines = [line.strip() for line in raw.splitlines() if line.strip()]
         said = f": {lines[-1]}" if lines else ""
-        return WorkerFailure(f"impact worker {index} (pid {process.pid}, envs {index * E}-{index * E + E - 1}) "
-                             f"{verb} ({exit_reason(process.poll())}){said}{tail}")
+        return (f"impact worker {index} (pid {process.pid}, envs {index * E}-{index * E + E - 1}) "
+                f"{verb} ({exit_reason(process.poll())}){said}")
 
     def close(self) -> None:
         """Close the command pipes (workers stop at their next step; ones still starting up, which would only
         notice once started, get SIGTERM), wait, kill stragglers."""
-        for fd in self.command_fds:
-            if fd >= 0:
-                os.close(fd)
+        # A terminated worker's env worker sees its pipes close and exits too.
+        terminate(process for process, delivered in zip(self.processes, self.delivered)
+                  if process is not None and not delivered)
+        close_children([process for process in self.processes if process is not None],
+                       [fd for fd in self.command_fds if fd >= 0])
         self.command_fds = [-1] * len(self.command_fds)
-        for process, delivered in zip(self.processes, self.delivered):
-            if process is not None and not delivered and process.poll() is None:
-                process.terminate()  # its env worker sees its pipes close and exits too
-        reap([process for process in self.processes if process is not None], _CLOSE_GRACE_S)
         for fd in self.reply_fds:
             os.close(fd)
         self.reply_fds = {}

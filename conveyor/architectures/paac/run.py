@@ -22,24 +22,24 @@ from typing import Any
 import torch
 
 from conveyor.acting import policy_step, step_targets, values_of
+from conveyor import algos
 from conveyor.config import RunCfg
 from conveyor.envs import make_vector_env
 from conveyor.models import ModelOut, make_model
 from conveyor.run import Run
-from conveyor.storage.rollout import RolloutStorage
+from conveyor.storage.rollout import ROLLOUT_FIELDS, RolloutStorage
+from conveyor.storage.schema import RolloutSchema
 
 
 def run(cfg: RunCfg) -> dict[str, Any]:
     with Run(cfg) as run:
-        venv = run.closing(make_vector_env(cfg.env, cfg.seed, restart_workers=True,
+        venv = run.closing(make_vector_env(cfg.env, cfg.seed, gamma=cfg.algo.gamma, restart_workers=True,
                                            env_state=run.resume_state.get("env_state")))
         model = make_model(cfg.model, venv.single_observation_space, venv.single_action_space)
-        learner = run.learner(model)
+        learner = run.learner(model, algos.make_loss(cfg))
         device = learner.device
-        obs_space = venv.single_observation_space
-        storage = RolloutStorage(cfg.arch.unroll, venv.num_envs, obs_space.shape,
-                                 torch.from_numpy(obs_space.sample()).dtype, model.policy.action_shape(),
-                                 torch.int64 if model.policy.discrete else torch.float32, device)
+        schema = RolloutSchema.build(venv.single_observation_space, model.policy, ROLLOUT_FIELDS)
+        storage = RolloutStorage(schema, cfg.arch.unroll, venv.num_envs, device)
         sampler = torch.Generator().manual_seed(cfg.seed)
         if "sampler" in run.resume_state:
             sampler.set_state(run.resume_state["sampler"])

@@ -42,8 +42,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from conveyor.config import ConfigError, EnvCfg
-from conveyor.errors import WorkerFailure
-from conveyor.procs import reap
+from conveyor.procs import RestartBudget, exit_reason, reap, terminate
 
 LOCAL_ACTOR_ENV = "CONVEYOR_LOCAL_ACTOR"
 PARENT_PID_ENV = "CONVEYOR_PARENT_PID"
@@ -215,12 +214,13 @@ class Actor:
         self.close()
         try:
             fields = json.loads(env_json)
+            gamma = fields.pop("gamma", None)
             fields["env_args"] = tuple(tuple(kv) for kv in fields.get("env_args", ()))
             fields.update(num_envs=self.num_envs, num_workers=self.num_workers)
             cfg = EnvCfg(**fields)
         except (ValueError, TypeError, ConfigError) as error:
             raise Refused(f"the learner's env config is unusable: {error}") from None
-        self.venv = make_vector_env(cfg, seed)
+        self.venv = make_vector_env(cfg, seed, gamma=gamma)
         self.env_json = env_json
         self.obs = self.venv.reset()
         self.run_ids = self._new_run_ids(self.num_envs)
@@ -295,8 +295,7 @@ class LocalActors:
                     "OMP_NUM_THREADS": "1"}
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.max_restarts = max_restarts
-        self.restarts = 0
+        self.restart_budget = RestartBudget(max_restarts)
         self.processes: list[subprocess.Popen] = []
         for index in range(count):
             self.processes.append(self._start(index))
@@ -312,33 +311,15 @@ class LocalActors:
         for index, process in enumerate(self.processes):
             if process.poll() is None:
                 continue
-            if self.restarts >= self.max_restarts:
-                raise WorkerFailure(self._failure(index, process))
+            self.restart_budget.spend(f"local actor {index} (pid {process.pid}, {self.num_envs} envs, log "
+                                      f"{self.log_dir / f'actor-{index}.log'}) died ({exit_reason(process.returncode)})")
             self.processes[index] = self._start(index)
-            self.restarts += 1
             dead.append(actor_name(process.pid))
         return dead
 
-    def _failure(self, index: int, process: subprocess.Popen) -> str:
-        code = process.returncode
-        how = f"exit code {code}"
-        if code < 0:
-            try:
-                how = f"killed by signal {signal.Signals(-code).name}"
-            except ValueError:
-                how = f"killed by signal {-code}"
-        what = (f"local actor {index} (pid {process.pid}, {self.num_envs} envs) died ({how}); "
-                f"see {self.log_dir / f'actor-{index}.log'}")
-        if not self.max_restarts:
-            return f"{what}; restarts are off (--max-restarts 0): pass --max-restarts N to restart dead actors"
-        return (f"{what}; that is one death more than --max-restarts {self.max_restarts} allows: "
-                "fix the cause in its log, or raise --max-restarts")
-
-    def close(self, grace_s: float = 5.0) -> None:
-        for process in self.processes:
-            if process.poll() is None:
-                process.terminate()
-        reap(self.processes, grace_s)
+    def close(self) -> None:
+        terminate(self.processes)
+        reap(self.processes)
 
 
 if __name__ == "__main__":

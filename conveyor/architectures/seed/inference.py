@@ -49,7 +49,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from conveyor.storage.unrolls import FieldSpec, PartialUnrolls, UnrollSink
+from conveyor.acting import step_targets
+from conveyor.storage.schema import FieldSpec, RolloutSchema
+from conveyor.storage.unrolls import PartialUnrolls, UnrollSink
 from conveyor.architectures.seed.batcher import EnvSteps, InferenceStats
 
 
@@ -78,8 +80,9 @@ class Policy(Protocol):
 
     action_spec: FieldSpec
     """Shape and dtype of one env's action."""
-    step_fields: dict[str, FieldSpec]
-    """Per-step values ``act`` returns in ``extras`` and the unrolls store (V-trace: behaviour_logp)."""
+    step_fields: tuple[str, ...]
+    """Rollout fields (``conveyor.storage.schema`` names) of the per-step values ``act`` returns in ``extras``
+    and the unrolls store (V-trace: behaviour_logp)."""
     state_fields: dict[str, FieldSpec]
     """Recurrent state tensors per env, in ``ActInput.state`` order (kind ``start``); empty without a core."""
 
@@ -92,22 +95,16 @@ class Policy(Protocol):
         ...
 
 
-def unroll_fields(policy: Policy, obs_spec: FieldSpec) -> dict[str, FieldSpec]:
-    """Everything an unroll stores for ``policy``: the DESIGN.md rollout fields plus the policy's own."""
-    fields = {
-        "obs": FieldSpec(obs_spec.shape, obs_spec.dtype, "obs"),
-        "first": FieldSpec((), torch.bool, "obs"),
-        "actions": FieldSpec(policy.action_spec.shape, policy.action_spec.dtype, "step"),
-        "rewards": FieldSpec((), torch.float32, "step"),
-        "discounts": FieldSpec((), torch.float32, "step"),
-        "policy_version": FieldSpec((), torch.int64, "step"),
-        **policy.step_fields,
-    }
-    if policy.state_fields:
-        fields["prev_action"] = FieldSpec(policy.action_spec.shape, policy.action_spec.dtype, "obs")
-        fields["prev_reward"] = FieldSpec((), torch.float32, "obs")
-        fields.update(policy.state_fields)
-    return fields
+UNROLL_FIELDS = ("obs", "first", "actions", "rewards", "discounts", "policy_version")
+"""What every unroll stores, whatever the policy."""
+
+
+def unroll_schema(policy: Policy, obs_spec: FieldSpec) -> RolloutSchema:
+    """Everything an unroll stores for ``policy``: ``UNROLL_FIELDS``, the policy's step fields, and with a
+    recurrent state the core's other inputs and the state itself."""
+    recurrent_inputs = ("prev_action", "prev_reward") if policy.state_fields else ()
+    return RolloutSchema(obs_spec, policy.action_spec, (*UNROLL_FIELDS, *policy.step_fields, *recurrent_inputs),
+                         policy.state_fields)
 
 
 def _grow_rows(tensor: Tensor, rows: int, fill: float | int | bool) -> Tensor:
@@ -129,8 +126,7 @@ class CentralInference:
                  timer: Callable[[str], ContextManager[Any]] | None = None) -> None:
         self.policy = policy
         self.gamma = gamma
-        self.fields = unroll_fields(policy, obs_spec)
-        self.unrolls = PartialUnrolls(unroll, self.fields, sink, overlap=overlap)
+        self.unrolls = PartialUnrolls(unroll, unroll_schema(policy, obs_spec).fields, sink, overlap=overlap)
         self.stats = stats or InferenceStats()
         self.on_steps = on_steps
         """``on_steps(n)``: n new acted steps went to the sink (see the module docstring)."""
@@ -202,19 +198,23 @@ class CentralInference:
             self._drop(slots[broken])
             pending = pending & ~broken
 
-        # 1. Close each slot's previous transition (DESIGN.md: discount = gamma (1 - terminated);
-        #    a truncated step gets gamma * V(final_obs) in its reward and discount 0).
-        discount = self.gamma * (1.0 - terminated.float())
+        # 1. Close each slot's previous transition: discount = gamma (1 - terminated), and a truncated
+        #    step gets gamma * V(final_obs) in its reward and discount 0 (docs/design.md "Discounts and
+        #    the truncation bootstrap").
+        #    V(final_obs) needs the slot's recurrent state, so the policy computes it for the open transitions
+        #    and step_targets folds it in (rows not pending are never written: their 0 is unused).
         cut_all = truncated & ~terminated
         cut = pending & cut_all
+        final_values = torch.zeros(len(slots))
         if cut.any():
             rows = cut.nonzero().squeeze(1)
             cut_slots = slots[rows]
             finals = final_obs[pending[cut_all]]
             inputs = ActInput(cut_slots, finals, torch.zeros(len(rows), dtype=torch.bool),
                               self.last_action[cut_slots], reward[rows], tuple(s[cut_slots] for s in self.state))
-            reward[rows] += self.gamma * self.policy.bootstrap_values(inputs).float().cpu()
-            discount[rows] = 0.0
+            final_values[rows] = self.policy.bootstrap_values(inputs).float().cpu()
+        reward, discount = step_targets(None, reward, terminated.numpy(), truncated.numpy(), None, self.gamma,
+                                        final_values=final_values)
         closed = slots[pending]
         self.unrolls.write("rewards", closed, reward[pending], offset=-1)
         self.unrolls.write("discounts", closed, discount[pending], offset=-1)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import threading
 from typing import Any
 
@@ -29,18 +28,15 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from conveyor.config import AlgoCfg, ConfigError, ModelCfg, RunCfg
+from conveyor import algos
+from conveyor.config import ConfigError, RunCfg
 from conveyor.learner import Learner, LossFn
 from conveyor.models import make_model
 from conveyor.returns import value_rescale_inverse
 from conveyor.run import Run
 from conveyor.storage.replay import STATE_KEYS, SequenceReplay, check_replay_fits
-from conveyor.storage.unrolls import FieldSpec
+from conveyor.storage.schema import FieldSpec, action_field
 from conveyor.architectures.seed.inference import ActInput, ActOutput
-
-SEED_MAX_GRAD_NORM = 80.0
-"""Global gradient-norm clip of R2D2 (SEED table 8), used unless ``--max-grad-norm`` names another value."""
-
 
 def actor_epsilons(num_actors: int, base: float = 0.4, alpha: float = 7.0) -> Tensor:
     """Per-actor exploration ``eps_i = base ** (1 + alpha i / (N - 1))`` for i in [0, N) (Ape-X, R2D2, SEED
@@ -56,13 +52,6 @@ def epsilon_greedy(q: Tensor, epsilon: Tensor, generator: torch.Generator | None
     explore = torch.rand(B, generator=generator) < epsilon.cpu()
     uniform = torch.randint(A, (B,), generator=generator)
     return torch.where(explore, uniform, q.argmax(-1).cpu())
-
-
-def r2d2_model_cfg(cfg: RunCfg) -> ModelCfg:
-    """The model config with an LSTM core: ``--lstm-size`` when given, else 512 on Atari (R2D2) and 64 otherwise."""
-    if cfg.model.lstm_size:
-        return cfg.model
-    return dataclasses.replace(cfg.model, lstm_size=512 if cfg.env.is_atari else 64)
 
 
 def make_replay(cfg: RunCfg, observation_space: gym.spaces.Box, lstm_size: int) -> SequenceReplay:
@@ -89,7 +78,7 @@ class R2D2Policy:
     rescaled space. ``lock`` keeps the forward off parameters mid-update.
     """
 
-    step_fields: dict[str, FieldSpec] = {}
+    step_fields: tuple[str, ...] = ()
 
     def __init__(self, learner: Learner, lock: threading.Lock, epsilons: Tensor, seed: int,
                  value_rescale_eps: float = 1e-3):
@@ -99,7 +88,7 @@ class R2D2Policy:
         self.value_rescale_eps = value_rescale_eps
         self.generator = torch.Generator().manual_seed(seed)
         self.lstm_size = learner.model.lstm_size
-        self.action_spec = FieldSpec((), torch.int64)
+        self.action_spec = action_field(learner.model.policy)
         self.state_fields = {name: FieldSpec((self.lstm_size,), torch.float32, "start") for name in STATE_KEYS}
 
     def initial_state(self, n: int) -> tuple[Tensor, Tensor]:
@@ -163,11 +152,11 @@ class ReplayLearning:
               num_actors: int) -> "ReplayLearning":
         """For ``run.cfg``; the replay's memory is checked first, before anything else is made."""
         cfg = run.cfg
-        model_cfg = r2d2_model_cfg(cfg)
-        replay = make_replay(cfg, observation_space, model_cfg.lstm_size)
-        model = make_model(model_cfg, observation_space, action_space, dueling=True)
-        learner = run.learner(model, learner_cls=R2D2Learner)
-        policy = R2D2Policy(learner, lock, actor_epsilons(num_actors), cfg.seed, cfg.algo.value_rescale_eps)
+        replay = make_replay(cfg, observation_space, cfg.model.lstm_size)
+        model = make_model(cfg.model, observation_space, action_space, dueling=True)
+        learner = run.learner(model, algos.make_loss(cfg), learner_cls=R2D2Learner)
+        policy = R2D2Policy(learner, lock, actor_epsilons(num_actors, cfg.algo.exploration_eps), cfg.seed,
+                            cfg.algo.value_rescale_eps)
         return cls(learner, policy, replay, cfg.arch.min_replay, cfg.arch.batch_size, lock, cfg.seed,
                    cfg.arch.replay_ratio)
 
@@ -228,12 +217,10 @@ class R2D2Learner(Learner):
 
     def __init__(self, model: nn.Module, loss_fn: LossFn, cfg: RunCfg):
         super().__init__(model, self._loss_keeping_priorities, cfg)
-        if cfg.algo.max_grad_norm == AlgoCfg.__dataclass_fields__["max_grad_norm"].default:
-            self.max_grad_norm = SEED_MAX_GRAD_NORM  # the config's default is PAAC's 40; SEED's R2D2 clips at 80
         self.r2d2_loss = loss_fn
         self.target_model = copy.deepcopy(self.model).requires_grad_(False)
         self.burn_in = cfg.arch.burn_in
-        self.target_update_interval = cfg.arch.target_update_interval
+        self.target_update_interval = cfg.arch.target_update
         self.priorities = torch.zeros(0)  # of the last update's batch
 
     def _loss_keeping_priorities(self, model_out: Any, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
@@ -264,7 +251,7 @@ class R2D2Learner(Learner):
         ``params_lock`` (held only while the optimizer steps) keeps acting forwards off half-updated weights."""
         metrics, _ = self.compute_gradients(self.learning_batch(batch))
         with params_lock or contextlib.nullcontext():
-            self.apply_gradients()
+            self.apply_gradients(batch["obs"])
         if self.version % self.target_update_interval == 0:
             self.sync_target()
         return metrics, self.priorities

@@ -31,7 +31,7 @@ them are still queued or prefetched when the run stops: the queue holds
 with R2D2 it counts distinct acted steps stored in replay. A stalled actor
 costs one ``--inference-timeout-ms`` and is then left out of the batches
 it holds up; the server cancels a stream it has waited on for
-``seed_server.IDLE_TIMEOUT_S``.
+``server.IDLE_TIMEOUT_S``.
 
 With ``--algo r2d2`` (``conveyor.architectures.seed.r2d2``) the policy acts epsilon-greedily
 through an LSTM with per-actor epsilons, inference cuts each env's stream
@@ -51,6 +51,7 @@ from typing import Any
 
 import torch
 
+from conveyor import algos
 from conveyor.acting import policy_step, values_of
 from conveyor.architectures.seed.actor import LocalActors
 from conveyor.config import ConfigError, RunCfg
@@ -59,24 +60,24 @@ from conveyor.learner import Learner
 from conveyor.models import make_model
 from conveyor.architectures.seed.r2d2 import ReplayLearning
 from conveyor.run import Run
-from conveyor.storage.unrolls import FieldSpec, Prefetcher, UnrollQueue
+from conveyor.storage.schema import FieldSpec, action_field, observation_field
+from conveyor.storage.unrolls import Prefetcher, UnrollQueue
 from conveyor.architectures.seed.batcher import Batcher, InferenceStats
-from conveyor.architectures.seed.inference import ActInput, ActOutput, CentralInference, unroll_fields
+from conveyor.architectures.seed.inference import ActInput, ActOutput, CentralInference, unroll_schema
 from conveyor.architectures.seed.server import SeedServer, learner_token, unix_socket_path
 
 
 class ActorCriticPolicy:
     """V-trace acting on the learner: sample from the learner's own model, keep behaviour log-probs."""
 
-    step_fields = {"behaviour_logp": FieldSpec((), torch.float32)}
+    step_fields = ("behaviour_logp",)
     state_fields: dict[str, FieldSpec] = {}
 
     def __init__(self, learner: Learner, lock: threading.Lock, seed: int) -> None:
         self.learner = learner
         self.lock = lock
         self.generator = torch.Generator(device=learner.device).manual_seed(seed)
-        family = learner.model.policy
-        self.action_spec = FieldSpec(family.action_shape(), torch.int64 if family.discrete else torch.float32)
+        self.action_spec = action_field(learner.model.policy)
 
     def initial_state(self, n: int) -> tuple[torch.Tensor, ...]:
         return ()
@@ -107,7 +108,7 @@ def run(cfg: RunCfg) -> dict[str, Any]:
     with Run(cfg) as run:
         obs_space, action_space = env_spaces(cfg.env, cfg.seed)
         params_lock = threading.Lock()
-        obs_spec = FieldSpec(tuple(obs_space.shape), torch.from_numpy(obs_space.sample()).dtype, "obs")
+        obs_spec = observation_field(obs_space)
         r2d2 = None
         if cfg.algo.name == "r2d2":
             env_slots = max(1, arch.local_actors) * cfg.env.num_envs  # per-actor epsilons over these
@@ -115,9 +116,9 @@ def run(cfg: RunCfg) -> dict[str, Any]:
             learner, policy = r2d2.learner, r2d2.policy
             unroll, overlap, sink = arch.seq_len, arch.seq_len // 2, r2d2.sink
         else:
-            learner = run.learner(make_model(cfg.model, obs_space, action_space))
+            learner = run.learner(make_model(cfg.model, obs_space, action_space), algos.make_loss(cfg))
             policy = ActorCriticPolicy(learner, params_lock, cfg.seed)
-            unrolls = run.closing(UnrollQueue(arch.unroll, unroll_fields(policy, obs_spec), 2 * arch.batch_size))
+            unrolls = run.closing(UnrollQueue(arch.unroll, unroll_schema(policy, obs_spec).fields, 2 * arch.batch_size))
             unroll, overlap, sink = arch.unroll, 0, unrolls.put
         stats = InferenceStats()
         inference = CentralInference(policy, obs_spec, unroll, cfg.algo.gamma, sink, overlap=overlap, stats=stats,
@@ -167,7 +168,7 @@ def run(cfg: RunCfg) -> dict[str, Any]:
                 else:
                     metrics, _ = learner.compute_gradients(batch)
                     with params_lock:
-                        learner.apply_gradients()
+                        learner.apply_gradients(batch["obs"])
             run.after_update(learner, metrics)
         _count_restarts(run, server, restarted, final=True)
         return run.finish(learner, inference={**stats.summary(), "address": address})
@@ -187,5 +188,6 @@ def _count_restarts(run: Run, server: SeedServer, names: list[str], final: bool 
 
 
 def _env_json(cfg: RunCfg) -> str:
-    """The env config actors build (their own num_envs and num_workers replace these)."""
-    return json.dumps(dataclasses.asdict(cfg.env))
+    """The env config actors build (their own num_envs and num_workers replace these), and under ``gamma`` the
+    run's discount (``EnvCfg.normalize_reward``)."""
+    return json.dumps({**dataclasses.asdict(cfg.env), "gamma": cfg.algo.gamma})

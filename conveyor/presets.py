@@ -1,0 +1,495 @@
+"""Presets: the value of every config field a run leaves unset, by architecture, algorithm and env family.
+
+A preset field is one whose dataclass default is ``None`` (``BASE`` lists them
+all). ``RunCfg.__post_init__`` calls ``resolve``, which fills each None from
+the first of these layers that names the field, most specific first:
+
+1. ``--preset NAME`` (IMPACT comparison presets: they fix fields, and an
+   explicit value that contradicts one is refused);
+2. ``ARCH_ALGO_FAMILY[(arch, algo, family)]``;
+3. ``ALGO_FAMILY[(algo, family)]``;
+4. ``FAMILY[family]``;
+5. ``ALGO[algo]``;
+6. ``BASE``.
+
+The algorithm itself, when not given, is the architecture's own
+(``ARCH_ALGO``) or the one ``--preset`` runs. A value may be a ``Derived``:
+computed from the config once every plain value is in (PAAC A2C on Atari:
+``lr = 0.0007 * num_envs``). Explicit values, from flags or Python, always
+win, even when they equal the preset's.
+
+Env families (``env_family``): ``atari`` (``ALE/...``, ``...NoFrameskip-v4``),
+``minatar`` (``MinAtar/...``), ``mujoco`` (the gymnasium entry point lives in
+a ``mujoco`` module), else ``classic-discrete`` or ``classic-continuous`` by
+the action space (``conveyor/StepTime-v0`` is classic-discrete).
+
+Every value cites its source in a ``# source:`` comment on its line (a test
+checks): a paper table, a reference configuration (seed_rl, rl-baselines3-zoo
+``hyperparams/*.yml``, CleanRL), or "tuned here" with the run that chose it.
+``conveyor presets`` prints these tables; ``conveyor presets --arch A --algo L
+--env E [train flags]`` prints a run's resolved config and where each value
+came from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from conveyor.config import IMPACT_PRESETS, ConfigError, is_atari_id
+
+FAMILIES = ("classic-discrete", "classic-continuous", "atari", "mujoco", "minatar")
+SECTIONS = ("env", "model", "algo", "arch")
+
+
+@dataclass(frozen=True)
+class Derived:
+    """A preset value computed from the partly resolved config: ``fn(cfg)``, with ``cfg.env.num_envs`` etc.
+    holding explicit and plain preset values. ``text`` says how, for ``conveyor presets``."""
+
+    text: str
+    fn: Callable[[Any], Any]
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+# The architecture's own algorithm, when --algo is not given.
+ARCH_ALGO: dict[str, str] = {
+    "paac": "a2c",  # source: PAAC paper (Clemente et al. 2017), algorithm 1
+    "ga3c": "ga3c",  # source: GA3C paper (Babaeizadeh et al. 2017), eq. 5
+    "seed": "vtrace",  # source: SEED RL paper (Espeholt et al. 2020), section 3.1
+    "impact": "impact",  # source: IMPACT paper (Luo et al. 2020), section 3
+    "hts": "a2c",  # source: HTS-RL paper (Liu et al. 2020), section 5 (A2C and PPO)
+}
+
+BASE: dict[str, Any] = {
+    "total_steps": 500_000,  # source: tuned here: `conveyor train` solves CartPole-v1 in ~170k steps; 3x headroom
+    "env.num_envs": 16,  # source: tuned here: 16 envs on the 2 default workers (README, paac: default job)
+    "env.normalize_reward": False,  # source: PAAC, IMPALA, SEED train on raw (clipped) rewards
+    "model.name": "auto",  # source: SB3/CleanRL MLP for vectors; Nature CNN for frames (Mnih et al. 2015)
+    "model.hidden": (64, 64),  # source: SB3 and CleanRL MLP policies: two layers of 64
+    "model.lstm_size": 0,  # source: feed-forward, as in PAAC, GA3C, IMPACT and HTS-RL
+    "model.normalize_obs": False,  # source: PAAC, IMPALA, SEED feed raw observations
+    "model.separate_value_net": False,  # source: one trunk, two heads (A3C, Mnih et al. 2016; PAAC)
+    "algo.gamma": 0.99,  # source: PAAC section 5.1, GA3C, IMPALA, IMPACT table 1
+    "algo.lr": 3e-4,  # source: CleanRL ppo_continuous_action.py learning_rate (every algorithm sets its own)
+    "algo.optimizer": "adam",  # source: CleanRL / SB3 PPO, SEED table 8 (R2D2), IMPACT (RLlib Adam)
+    "algo.rmsprop_eps": 1e-5,  # source: HTS-RL table A4 (A2C RMSProp eps 1e-5); rl-zoo a2c.yml atari eps 1e-5
+    "algo.adam_eps": 1e-5,  # source: CleanRL ppo.py / SB3 PPO Adam eps 1e-5
+    "algo.max_grad_norm": 40.0,  # source: PAAC section 5.1 (gradient clipping at 40)
+    "algo.entropy_coef": 0.01,  # source: PAAC beta 0.01; IMPACT table 1; HTS-RL table A4
+    "algo.value_coef": 0.5,  # source: IMPALA baseline cost 0.5; HTS-RL table A4; SB3 vf_coef 0.5
+    "algo.gae_lambda": 0.95,  # source: PPO paper table 3; CleanRL ppo.py gae_lambda 0.95
+    "algo.ppo_epochs": 4,  # source: CleanRL ppo_atari.py update_epochs 4
+    "algo.ppo_minibatches": 4,  # source: CleanRL ppo_atari.py num_minibatches 4
+    "algo.clip": 0.2,  # source: PPO paper section 6.1 (epsilon 0.2)
+    "algo.n_step": 5,  # source: SEED table 8 (n-steps 5)
+    "algo.exploration_eps": 0.4,  # source: SEED table 8: i-th actor of N uses 0.4 ** (1 + 7 i / (N - 1))
+    "algo.normalize_advantages": True,  # source: CleanRL ppo.py norm_adv; SB3 PPO normalize_advantage
+    "arch.unroll": 5,  # source: PAAC section 5.1 and GA3C section 3: t_max = 5
+    "arch.sync_interval": 5,  # source: HTS-RL table A4: A2C unroll 5 (one update per swap of alpha steps)
+    "arch.num_agents": 16,  # source: GA3C section 5.1: N_A in {16, 32, 64, 128}, 16 the smallest (A3C's 16 agents)
+    "arch.min_train_batch": 20,  # source: GA3C figure 7: best with a minimum training batch of 20-40
+    "arch.batch_size": 32,  # source: IMPALA batch 32 (HTS-RL table A4)
+    "arch.seq_len": 80,  # source: seed_rl gcp/train_atari.sh: unroll_length 80 (R2D2)
+    "arch.burn_in": 40,  # source: SEED table 8: 40 burn-in steps
+    "arch.replay_capacity": 10_000,  # source: SEED table 8 holds 1e5; 1e4 keeps an MLP run within 2 GiB
+    "arch.min_replay": 500,  # source: SEED table 8: 5000 of 1e5 sequences (5%), here 5% of the capacity
+    "arch.replay_ratio": 0.75,  # source: SEED table 8 (replay ratio 0.75)
+    "arch.worker_batch": 50,  # source: IMPACT table 1: sample batch size 50
+    "arch.buffer_batches": 4,  # source: IMPACT table 1: N = 4
+    "arch.replay_times": 2,  # source: IMPACT table 1: K = 2
+    "arch.use_target_network": True,  # source: IMPACT section 3 (target network for the surrogate ratio)
+    "arch.target_update": Derived("buffer_batches * replay_times",  # source: IMPACT section 4.1.1: t_target = N * K
+                                  lambda c: c.arch.buffer_batches * c.arch.replay_times),
+}
+
+ALGO: dict[str, dict[str, Any]] = {
+    "a2c": {
+        "algo.optimizer": "rmsprop",  # source: PAAC section 5.1 (RMSProp); HTS-RL table A4
+        "algo.lr": 7e-4,  # source: HTS-RL table A4 (A2C lr 0.0007); SB3 A2C default learning_rate
+    },
+    "ppo": {
+        "algo.lr": 2.5e-4,  # source: PPO paper table 5 (Atari 2.5e-4); CleanRL ppo_atari.py
+        "algo.max_grad_norm": 0.5,  # source: CleanRL ppo.py max_grad_norm 0.5; SB3 PPO default
+        "algo.clip": 0.1,  # source: PPO paper table 5 (Atari epsilon 0.1); CleanRL ppo_atari.py clip_coef 0.1
+        "arch.unroll": 128,  # source: PPO paper table 5 (horizon 128); CleanRL ppo_atari.py num_steps 128
+        "arch.sync_interval": 128,  # source: as unroll (HTS-RL: one update per swap of alpha steps)
+    },
+    "vtrace": {
+        "algo.lr": 6e-4,  # source: IMPALA paper (Espeholt et al. 2018) Atari lr 0.0006 (RMSProp; Adam here)
+        "arch.unroll": 20,  # source: IMPALA unroll length 20 (HTS-RL table A4)
+    },
+    "impact": {
+        "algo.lr": 5e-4,  # source: issue 15: Pong -20 -> +6.9 in 2.78M steps with lr 5e-4 (IMPACT table 1: 1e-4)
+    },
+    "r2d2": {
+        "algo.lr": 1e-4,  # source: SEED table 8: Adam lr 1e-4
+        "algo.adam_eps": 1e-3,  # source: SEED table 8: Adam epsilon 1e-3
+        "algo.max_grad_norm": 80.0,  # source: SEED table 8: gradient norm clipping 80
+        "model.lstm_size": 64,  # source: tuned here: tests/test_r2d2.py CartPole run (SEED: 512 on Atari)
+        "arch.target_update": 2500,  # source: SEED table 8: target network update interval 2500 updates
+    },
+    "ga3c": {
+        "algo.optimizer": "rmsprop",  # source: GA3C section 3, eq. 3 (non-centered RMSProp)
+        "algo.lr": 3e-4,  # source: GA3C figure 6: learning rates 0.0003 and 0.0001
+    },
+}
+
+FAMILY: dict[str, dict[str, Any]] = {
+    "classic-discrete": {  # GA3C's agents each step one env: fewer, and smaller training batches, on cheap envs
+        "arch.num_agents": 8,  # source: tuned here: tests/test_ga3c.py CartPole run (8 agents)
+        "arch.min_train_batch": 8,  # source: tuned here: tests/test_ga3c.py CartPole run (8 segments)
+    },
+    "atari": {
+        "total_steps": 10_000_000,  # source: rl-zoo a2c.yml / ppo.yml atari n_timesteps 1e7
+        "env.num_envs": 32,  # source: PAAC section 5.1: n_e = 32
+    },
+    "classic-continuous": {
+        "algo.gamma": 0.9,  # source: rl-zoo ppo.yml Pendulum-v1 gamma 0.9
+        "algo.entropy_coef": 0.0,  # source: rl-zoo ppo.yml Pendulum-v1 ent_coef 0.0
+        "algo.max_grad_norm": 0.5,  # source: SB3 PPO / A2C default max_grad_norm 0.5 (rl-zoo Pendulum)
+    },
+    "mujoco": {
+        "total_steps": 1_000_000,  # source: rl-zoo ppo.yml HalfCheetah-v3 n_timesteps 1e6
+        "algo.entropy_coef": 0.0,  # source: CleanRL ppo_continuous_action.py ent_coef 0.0
+        "algo.max_grad_norm": 0.5,  # source: CleanRL ppo_continuous_action.py max_grad_norm 0.5
+    },
+    "minatar": {
+        "total_steps": 5_000_000,  # source: MinAtar paper (Young & Tian 2019): 5M frames per run
+        "model.name": "impala_resnet",  # source: conveyor's only encoder that fits 10x10 frames (paper: 1 conv 16)
+    },
+}
+
+# Actor-critic on continuous control: running observation and reward normalization, separate policy and value
+# networks (SB3 / rl-zoo `normalize: true` with MlpPolicy; CleanRL ppo_continuous_action.py).
+CONTINUOUS_CONTROL: dict[str, Any] = {
+    "env.normalize_reward": Derived("backend == shm",  # source: CleanRL ppo_continuous_action.py NormalizeReward
+                                    lambda c: c.env.backend == "shm"),
+    "model.normalize_obs": True,  # source: CleanRL ppo_continuous_action.py NormalizeObservation; rl-zoo normalize
+    "model.separate_value_net": True,  # source: CleanRL ppo_continuous_action.py: separate actor and critic MLPs
+}
+
+ALGO_FAMILY: dict[tuple[str, str], dict[str, Any]] = {
+    ("a2c", "atari"): {
+        "algo.lr": Derived("0.0007 * num_envs",  # source: PAAC section 5.1: alpha = 0.0007 * n_e (0.0224 at 32)
+                           lambda c: 0.0007 * c.env.num_envs),
+        "algo.rmsprop_eps": 0.1,  # source: PAAC section 5.1: RMSProp epsilon 0.1 (with its n_e-scaled lr)
+    },
+    ("a2c", "classic-discrete"): {
+        "algo.lr": 2e-3,  # source: tuned here: `conveyor train` solves CartPole-v1 in ~170k steps (README, paac)
+    },
+    ("a2c", "classic-continuous"): {
+        **CONTINUOUS_CONTROL,
+        "arch.unroll": 8,  # source: rl-zoo a2c.yml Pendulum-v0 n_steps 8
+        "algo.value_coef": 0.4,  # source: rl-zoo a2c.yml Pendulum-v0 vf_coef 0.4
+        "algo.gae_lambda": 0.9,  # source: rl-zoo a2c.yml Pendulum-v0 gae_lambda 0.9 (unused by A2C's n-step returns)
+    },
+    ("a2c", "mujoco"): {
+        **CONTINUOUS_CONTROL,
+        "arch.unroll": 8,  # source: rl-zoo a2c.yml HalfCheetahBulletEnv-v0 n_steps 8
+        "algo.lr": 9.6e-4,  # source: rl-zoo a2c.yml HalfCheetahBulletEnv-v0 learning_rate lin_0.00096
+        "algo.value_coef": 0.4,  # source: rl-zoo a2c.yml HalfCheetahBulletEnv-v0 vf_coef 0.4
+    },
+    ("ppo", "classic-discrete"): {  # conveyor's PPO on CartPole, measured in the README's hts section
+        "env.num_envs": 16,  # source: tuned here: paac/hts PPO reach 475 in medians 176k/195k steps (seeds 0-2)
+        "arch.unroll": 5,  # source: tuned here: as env.num_envs (16 x 5 steps per update, PAAC's batch)
+        "arch.sync_interval": 5,  # source: tuned here: as env.num_envs (HTS alpha = unroll)
+        "algo.lr": 2.5e-4,  # source: tuned here: as env.num_envs (rl-zoo's 20 epochs at 1e-3 cost 6x the compute)
+        "algo.clip": 0.2,  # source: PPO paper section 6.1 (epsilon 0.2), as measured above
+        "algo.max_grad_norm": 40.0,  # source: tuned here: as env.num_envs (PAAC's clip)
+    },
+    ("ppo", "classic-continuous"): {
+        **CONTINUOUS_CONTROL,
+        "arch.unroll": 64,  # source: rl-zoo ppo.yml Pendulum-v1: 4 envs x 1024 steps; here 16 x 64 per update
+        "arch.sync_interval": 64,  # source: as unroll (HTS: alpha = unroll)
+        "algo.ppo_epochs": 10,  # source: rl-zoo ppo.yml Pendulum-v1 n_epochs 10
+        "algo.ppo_minibatches": 16,  # source: rl-zoo ppo.yml Pendulum-v1 batch_size 64 (SB3 default): 16 x 64
+        "algo.gae_lambda": 0.95,  # source: rl-zoo ppo.yml Pendulum-v1 gae_lambda 0.95
+        "algo.lr": 1e-3,  # source: rl-zoo ppo.yml Pendulum-v1 learning_rate 1e-3
+        "algo.clip": 0.2,  # source: rl-zoo ppo.yml Pendulum-v1 clip_range 0.2
+    },
+    ("ppo", "mujoco"): {
+        **CONTINUOUS_CONTROL,
+        "env.num_envs": 32,  # source: CleanRL ppo_continuous_action.py: 2048 steps per update (here 32 envs x 64)
+        "arch.unroll": 64,  # source: CleanRL ppo_continuous_action.py num_steps 2048 (32 x 64)
+        "arch.sync_interval": 64,  # source: as unroll (HTS: alpha = unroll)
+        "algo.ppo_epochs": 10,  # source: CleanRL ppo_continuous_action.py update_epochs 10
+        "algo.ppo_minibatches": 32,  # source: CleanRL ppo_continuous_action.py num_minibatches 32
+        "algo.lr": 3e-4,  # source: CleanRL ppo_continuous_action.py learning_rate 3e-4
+        "algo.clip": 0.2,  # source: CleanRL ppo_continuous_action.py clip_coef 0.2
+    },
+    ("ppo", "atari"): {
+        "env.num_envs": 8,  # source: CleanRL ppo_atari.py num_envs 8; rl-zoo ppo.yml atari n_envs 8
+    },
+    ("vtrace", "atari"): {
+        "algo.lr": 6e-4,  # source: IMPALA Atari lr 0.0006; Adam (the issue 15 RMSProp eps 0.1 stalled Pong)
+    },
+    ("vtrace", "classic-discrete"): {
+        "env.num_envs": 8,  # source: tuned here: README seed example, 2 local actors x 8 envs
+        "arch.unroll": 5,  # source: tuned here: seed/vtrace CartPole seed 1: 475 at 230k (unroll 20: 279 at 300k)
+        "arch.batch_size": 16,  # source: tuned here: with unroll 5, 80 steps per update as PAAC's 16 x 5
+        "algo.lr": 2e-3,  # source: tuned here: README seed example (--optimizer adam --lr 0.002)
+    },
+    ("vtrace", "classic-continuous"): {
+        **CONTINUOUS_CONTROL,
+        "env.num_envs": 8,  # source: tuned here: as on classic-discrete (2 local actors x 8 envs)
+        "arch.batch_size": 8,  # source: tuned here: as on classic-discrete
+        "algo.lr": 1e-3,  # source: rl-zoo ppo.yml Pendulum-v1 learning_rate 1e-3
+    },
+    ("vtrace", "mujoco"): {
+        **CONTINUOUS_CONTROL,
+        "algo.lr": 1.5e-5,  # source: IMPACT table 2: IMPALA lr 1.5e-5 on continuous control
+        "algo.gamma": 0.995,  # source: IMPACT table 2: IMPALA discount 0.995
+    },
+    ("impact", "atari"): {
+        "arch.worker_batch": 64,  # source: issue 15: Pong -20 -> +6.9 in 2.78M steps with worker_batch 64
+    },
+    ("impact", "classic-discrete"): {
+        "env.num_envs": 8,  # source: tuned here: tests/test_impact.py CartPole run (8 envs, 2 workers)
+        "arch.worker_batch": 32,  # source: tuned here: tests/test_impact.py CartPole run
+        "arch.replay_times": 8,  # source: tuned here: tests/test_impact.py CartPole run (K = 8)
+        "algo.lr": 1e-3,  # source: rl-zoo ppo.yml CartPole-v1 learning_rate 1e-3 (tests/test_impact.py)
+        "algo.gamma": 0.98,  # source: rl-zoo ppo.yml CartPole-v1 gamma 0.98 (tests/test_impact.py)
+        "algo.gae_lambda": 0.8,  # source: rl-zoo ppo.yml CartPole-v1 gae_lambda 0.8 (tests/test_impact.py)
+    },
+    ("impact", "classic-continuous"): {
+        **CONTINUOUS_CONTROL,
+        "env.num_envs": 8,  # source: tuned here: tests/test_impact.py Pendulum run (8 envs, 2 workers)
+        "arch.worker_batch": 50,  # source: tuned here: tests/test_impact.py Pendulum run
+        "arch.replay_times": 16,  # source: tuned here: tests/test_impact.py Pendulum run (K = 16)
+        "algo.lr": 1e-3,  # source: rl-zoo ppo.yml Pendulum-v1 learning_rate 1e-3 (tests/test_impact.py)
+    },
+    ("impact", "mujoco"): {
+        **CONTINUOUS_CONTROL,
+        "arch.buffer_batches": 16,  # source: IMPACT table 2: N = 16
+        "arch.replay_times": 20,  # source: IMPACT table 2: K = 20
+        "algo.lr": 3e-4,  # source: IMPACT table 2: lr 3e-4
+        "algo.gamma": 0.995,  # source: IMPACT table 2: discount 0.995
+        "algo.gae_lambda": 0.995,  # source: IMPACT table 2: lambda 0.995
+        "algo.clip": 0.4,  # source: IMPACT table 2: clip 0.4
+    },
+    ("r2d2", "atari"): {
+        "model.lstm_size": 512,  # source: SEED table 8 / R2D2: LSTM 512
+        "algo.gamma": 0.997,  # source: SEED table 8: discount 0.997
+        "arch.batch_size": 64,  # source: SEED table 8: training batch size 64
+        "arch.replay_capacity": 800,  # source: SEED table 8 holds 1e5; 800 sequences of 80 frames fit 2 GiB
+        "arch.min_replay": 40,  # source: SEED table 8: 5% of the capacity before learning starts
+    },
+    ("r2d2", "classic-discrete"): {
+        "env.num_envs": 8,  # source: tuned here: tests/test_r2d2.py CartPole run (2 local actors x 8 envs)
+        "model.hidden": (64,),  # source: tuned here: tests/test_r2d2.py CartPole run
+        "algo.lr": 1e-3,  # source: tuned here: tests/test_r2d2.py CartPole run
+        "arch.seq_len": 20,  # source: tuned here: tests/test_r2d2.py CartPole run
+        "arch.burn_in": 5,  # source: tuned here: tests/test_r2d2.py CartPole run
+        "arch.min_replay": 50,  # source: tuned here: tests/test_r2d2.py CartPole run
+        "arch.replay_capacity": 2000,  # source: tuned here: tests/test_r2d2.py CartPole run
+        "arch.replay_ratio": 2.0,  # source: tuned here: tests/test_r2d2.py CartPole run
+        "arch.target_update": 100,  # source: tuned here: tests/test_r2d2.py CartPole run (syncs every 100 updates)
+    },
+    ("ga3c", "atari"): {
+        "env.num_envs": 32,  # source: PAAC section 5.1 n_e = 32 (GA3C acts with num_agents envs)
+        "arch.num_agents": 32,  # source: GA3C section 5.1: N_A in {16, 32, 64, 128} on Pong
+    },
+    ("ga3c", "classic-discrete"): {
+        "algo.lr": 3e-3,  # source: tuned here: ga3c/ga3c CartPole-v1 seed 1: 475 at 174k steps (tests/test_ga3c.py lr)
+    },
+}
+
+ARCH_ALGO_FAMILY: dict[tuple[str, str, str], dict[str, Any]] = {
+    ("impact", "vtrace", "classic-discrete"): {  # --preset impala: one use per batch, so smaller batches
+        "arch.worker_batch": 10,  # source: tuned here: --preset impala CartPole seed 1: 475 at 227k (50: 249 at 300k)
+    },
+}
+
+_FAMILY_CACHE: dict[str, str] = {}
+
+
+def env_family(env_id: str, env_args: tuple[tuple[str, Any], ...] = ()) -> str:
+    """The preset family of ``env_id`` (see the module docstring). Other ids are built once (with ``env_args``)
+    to read their action space and entry point; the answer is cached per id. An unknown id raises the
+    ``ConfigError`` of ``conveyor.envs.make.gym_make``."""
+    if is_atari_id(env_id):
+        return "atari"
+    if env_id.startswith("MinAtar/"):
+        return "minatar"
+    if env_id not in _FAMILY_CACHE:
+        import gymnasium as gym
+
+        from conveyor.envs import STEP_TIME_ID
+        from conveyor.envs.make import gym_make
+
+        if env_id == STEP_TIME_ID:
+            _FAMILY_CACHE[env_id] = "classic-discrete"
+        else:
+            env = gym_make(env_id, dict(env_args))
+            try:
+                entry = env.spec.entry_point if env.spec is not None else ""
+                module = entry.partition(":")[0] if isinstance(entry, str) else getattr(entry, "__module__", "")
+                if "mujoco" in module.split("."):
+                    family = "mujoco"
+                elif isinstance(env.action_space, gym.spaces.Discrete):
+                    family = "classic-discrete"
+                else:
+                    family = "classic-continuous"
+            finally:
+                env.close()
+            _FAMILY_CACHE[env_id] = family
+    return _FAMILY_CACHE[env_id]
+
+
+def layers(arch: str, algo: str, family: str) -> list[tuple[str, dict[str, Any]]]:
+    """The table layers that apply to a run, most specific first, as (layer name, values)."""
+    return [(f"{arch}/{algo}/{family}", ARCH_ALGO_FAMILY.get((arch, algo, family), {})),
+            (f"{algo}/{family}", ALGO_FAMILY.get((algo, family), {})),
+            (family, FAMILY.get(family, {})),
+            (algo, ALGO.get(algo, {})),
+            ("base", BASE)]
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What ``resolve`` hands ``RunCfg.__post_init__``: the ``RunCfg`` fields to set (whole sub-configs for
+    ``env``/``model``/``algo``/``arch``) and, per ``section.field`` the preset filled, the layer it came from."""
+
+    fields: dict[str, Any]
+    sources: dict[str, str]
+
+
+def _given(cfg: Any) -> dict[str, Any]:
+    """Every preset field of ``cfg`` as ``section.field`` (``total_steps`` for RunCfg's own) -> its value."""
+    values = {}
+    for key in BASE:
+        section, _, name = key.rpartition(".")
+        values[key] = getattr(getattr(cfg, section) if section else cfg, name)
+    return values
+
+
+def resolve(cfg: Any) -> Resolved:
+    """Fill every None preset field of ``cfg`` (a ``RunCfg`` under construction); see the module docstring."""
+    values = _given(cfg)
+    sources: dict[str, str] = {}
+    arch, algo_name = cfg.arch.name, cfg.algo.name
+    forced: dict[str, Any] = {}
+    if cfg.arch.preset:
+        fixed, preset_algo = IMPACT_PRESETS[cfg.arch.preset]
+        forced = {f"arch.{name}": value for name, value in fixed.items()}
+        if algo_name not in (None, preset_algo):
+            raise ConfigError(f"--preset {cfg.arch.preset} runs --algo {preset_algo}, but --algo {algo_name} "
+                              "was given: drop one of the two")
+        if algo_name is None:
+            algo_name, sources["algo.name"] = preset_algo, f"--preset {cfg.arch.preset}"
+    for key, value in forced.items():
+        if values[key] is not None and values[key] != value:
+            raise ConfigError(f"--preset {cfg.arch.preset} sets {key.partition('.')[2]} to {value!r}, but it was "
+                              f"given as {values[key]!r}: drop one of the two")
+    if algo_name is None:
+        algo_name, sources["algo.name"] = ARCH_ALGO[arch], arch
+    missing = [key for key, value in values.items() if value is None]
+    if missing:
+        family = env_family(cfg.env.id, cfg.env.env_args)
+        table = [(f"--preset {cfg.arch.preset}", forced), *layers(arch, algo_name, family)]
+        for key in missing:
+            sources[key], values[key] = next((name, layer[key]) for name, layer in table if key in layer)
+        view = _view(cfg, values, algo_name)
+        for key in missing:
+            if isinstance(values[key], Derived):
+                values[key] = values[key].fn(view)
+                section, _, name = key.rpartition(".")
+                setattr(getattr(view, section) if section else view, name, values[key])
+    fields: dict[str, Any] = {}
+    for section in SECTIONS:
+        changes = {key.partition(".")[2]: value for key, value in values.items()
+                   if key.startswith(section + ".") and key in sources}
+        if section == "algo" and "algo.name" in sources:
+            changes["name"] = algo_name
+        if changes:
+            fields[section] = dataclasses.replace(getattr(cfg, section), **changes)
+    fields.update({key: value for key, value in values.items() if "." not in key and key in sources})
+    return Resolved(fields, sources)
+
+
+def _view(cfg: Any, values: dict[str, Any], algo_name: str) -> types.SimpleNamespace:
+    """A read-only-by-convention copy of ``cfg`` with ``values`` filled in, for ``Derived`` functions."""
+    view = types.SimpleNamespace(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)})
+    for section in SECTIONS:
+        sub = getattr(cfg, section)
+        setattr(view, section, types.SimpleNamespace(**{f.name: getattr(sub, f.name) for f in dataclasses.fields(sub)}))
+    view.algo.name = algo_name
+    for key, value in values.items():
+        section, _, name = key.rpartition(".")
+        setattr(getattr(view, section) if section else view, name, value)
+    return view
+
+
+# ---- target-network sanity ------------------------------------------------------------------------------
+
+def expected_updates(cfg: Any) -> float | None:
+    """About how many learner updates ``cfg.total_steps`` env steps make, for runs with a target network
+    (IMPACT with ``use_target_network``, R2D2); None for others, and for R2D2 with ``replay_ratio`` 0
+    (the learner then runs as fast as it can)."""
+    arch = cfg.arch
+    if cfg.algo.name == "impact" and arch.name == "impact" and arch.use_target_network:
+        batch_steps = arch.worker_batch * cfg.env.envs_per_worker  # one worker batch, used K times
+        return cfg.total_steps / batch_steps * arch.replay_times
+    if cfg.algo.name == "r2d2" and arch.replay_ratio:
+        sequences = cfg.total_steps / (arch.seq_len - arch.seq_len // 2)  # sequences overlap by half
+        return max(0.0, sequences - arch.min_replay) * arch.replay_ratio / arch.batch_size
+    return None
+
+
+def target_sync_warning(cfg: Any) -> str | None:
+    """A one-line warning when ``cfg.total_steps`` can never reach the first target-network sync."""
+    updates = expected_updates(cfg)
+    if updates is None or updates >= cfg.arch.target_update:
+        return None
+    return (f"conveyor: warning: {cfg.total_steps:,} env steps make about {updates:,.0f} updates, fewer than "
+            f"--target-update {cfg.arch.target_update}: the target network will never sync; lower --target-update "
+            "or raise --total-steps")
+
+
+# ---- `conveyor presets` ------------------------------------------------------------------------------------
+
+def table_lines() -> list[str]:
+    """The preset tables, layer by layer (``conveyor presets``)."""
+    lines = ["# arch -> algorithm when --algo is not given"]
+    lines += [f"  {arch}: {algo}" for arch, algo in ARCH_ALGO.items()]
+    lines += ["# --preset (IMPACT comparison presets; explicit values that contradict them are refused)"]
+    lines += [f"  {name}: algo.name={algo} " + " ".join(f"arch.{k}={v!r}" for k, v in fixed.items())
+              for name, (fixed, algo) in IMPACT_PRESETS.items()]
+    lines.append("# base: every preset field (the layers below override it, later ones earlier ones)")
+    lines += [f"  {name} = {value!r}" for name, value in BASE.items()]
+    groups: list[tuple[str, dict[Any, dict[str, Any]]]] = [
+        ("algo", ALGO), ("family", FAMILY), ("algo/family", ALGO_FAMILY), ("arch/algo/family", ARCH_ALGO_FAMILY)]
+    for title, group in groups:
+        lines.append(f"# {title}")
+        for key, values in group.items():
+            lines.append(f"  {'/'.join(key) if isinstance(key, tuple) else key}:")
+            lines += [f"    {name} = {value!r}" for name, value in values.items()]
+    return lines
+
+
+def explain_lines(cfg: Any, given: set[str]) -> list[str]:
+    """One line per field of ``cfg``: value and origin, ``explicit`` (in ``given``, ``section.field`` names),
+    ``preset(LAYER)`` or ``default`` (the dataclass default)."""
+    sources = cfg.preset_sources
+    lines = [f"# {cfg.arch.name}/{cfg.algo.name} on {cfg.env.id} (family {env_family(cfg.env.id, cfg.env.env_args)})"]
+    for key, value in _all_fields(cfg):
+        origin = f"preset({sources[key]})" if key in sources else "explicit" if key in given else "default"
+        lines.append(f"{key} = {value!r}  {origin}")
+    return lines
+
+
+def _all_fields(cfg: Any) -> list[tuple[str, Any]]:
+    out = []
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if f.name in SECTIONS:
+            out += [(f"{f.name}.{g.name}", getattr(value, g.name)) for g in dataclasses.fields(value)]
+        else:
+            out.append((f.name, value))
+    return out
+

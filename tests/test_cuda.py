@@ -1,0 +1,58 @@
+"""Every architecture and algorithm on a cuda learner, and checkpoints that resume on either device.
+
+Skipped without a GPU (``make test`` never needs one). The runs take a few hundred steps with the options that
+put extra state on the device (input statistics, a second trunk) switched on where the model allows them.
+"""
+
+import dataclasses
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import conveyor
+from conveyor.config import AlgoCfg, ArchCfg, EnvCfg, ModelCfg, RunCfg
+from conveyor.learner import latest_checkpoint, load_checkpoint
+from conveyor.models import make_model
+from tests.test_telemetry import NORMALIZED, RUNS
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a cuda device")
+
+CUDA_RUNS = {
+    **RUNS,
+    "ga3c-a2c": dict(algo=AlgoCfg(name="a2c"), arch=ArchCfg(name="ga3c", num_agents=4, min_train_batch=4, unroll=5)),
+    "impact-impala": dict(arch=ArchCfg(name="impact", preset="impala", worker_batch=16, buffer_batches=2)),
+    "hts-a2c": dict(algo=AlgoCfg(name="a2c"), arch=ArchCfg(name="hts", sync_interval=5)),
+    # A Gaussian policy: continuous actions sampled on the device.
+    "paac-ppo-pendulum": dict(env=EnvCfg(id="Pendulum-v1", num_envs=4, num_workers=2, normalize_reward=True),
+                              algo=AlgoCfg(name="ppo", ppo_minibatches=2), arch=ArchCfg(name="paac", unroll=16)),
+    "impact-pendulum": dict(env=EnvCfg(id="Pendulum-v1", num_envs=4, num_workers=2),
+                            algo=AlgoCfg(name="impact"), arch=ArchCfg(name="impact", worker_batch=16)),
+}
+
+
+@pytest.mark.parametrize("name", list(CUDA_RUNS))
+def test_trains_on_cuda_and_resumes_on_the_cpu_and_back(tmp_path, name):
+    out = str(tmp_path / "run")
+    cfg = RunCfg(**{**NORMALIZED, **CUDA_RUNS[name]}, total_steps=1000, log_interval_s=0.5, out=out, progress=False,
+                 torch_threads=1, seed=1, device="cuda")
+    on_cuda = conveyor.train(cfg)
+    assert on_cuda["updates"] >= 1 and on_cuda["env_steps"] >= 1000
+    saved = load_checkpoint(latest_checkpoint(tmp_path / "run"))
+    assert all(tensor.device.type == "cpu" for tensor in saved["model"].values())  # loaded for any device
+    on_cpu = conveyor.train(dataclasses.replace(cfg, device="cpu", total_steps=2000, resume=out))
+    assert on_cpu["env_steps"] >= 2000 and on_cpu["learner_version"] > on_cuda["learner_version"]
+    back = conveyor.train(dataclasses.replace(cfg, total_steps=3000, resume=out))
+    assert back["env_steps"] >= 3000 and back["learner_version"] > on_cpu["learner_version"]
+
+
+def test_sampling_with_a_cpu_generator_serves_a_cuda_model():
+    model_cfg = RunCfg(model=ModelCfg(hidden=(8,))).model
+    for space in (gym.spaces.Discrete(3), gym.spaces.Box(-1, 1, (2,), np.float32)):
+        model = make_model(model_cfg, gym.spaces.Box(-1, 1, (4,), np.float32), space)
+        obs = torch.randn(1, 5, 4)
+        on_cpu = model(obs).sample(generator=torch.Generator().manual_seed(0))
+        on_cuda = model.cuda()(obs.cuda()).sample(generator=torch.Generator().manual_seed(0))
+        assert on_cuda.device.type == "cuda"
+        torch.testing.assert_close(on_cuda.cpu(), on_cpu, atol=1e-5, rtol=0)

@@ -1,0 +1,201 @@
+"""Presets: every field a run leaves unset is filled from conveyor/presets.py, and explicit values always win."""
+
+import ast
+import dataclasses
+import inspect
+import subprocess
+import sys
+
+import pytest
+
+from conveyor import presets
+from conveyor.cli import build_parser, config_from_args, main
+from conveyor.config import ARCH_ALGOS, AlgoCfg, ArchCfg, ConfigError, EnvCfg, ModelCfg, RunCfg
+
+FAMILY_ENVS = {"classic-discrete": "CartPole-v1", "classic-continuous": "Pendulum-v1", "atari": "ALE/Pong-v5",
+               "mujoco": "HalfCheetah-v5", "minatar": "MinAtar/Breakout-v1"}
+SECTION_TYPES = {"env": EnvCfg, "model": ModelCfg, "algo": AlgoCfg, "arch": ArchCfg}
+
+
+def preset_values(cfg):
+    return {key: getattr(getattr(cfg, key.rpartition(".")[0]) if "." in key else cfg, key.rpartition(".")[2])
+            for key in presets.BASE}
+
+
+def test_env_families():
+    assert [presets.env_family(env_id) for env_id in FAMILY_ENVS.values()] == list(FAMILY_ENVS)
+    assert presets.env_family("PongNoFrameskip-v4") == "atari"
+    assert presets.env_family("conveyor/StepTime-v0") == "classic-discrete"
+
+
+def test_preset_fields_are_exactly_the_fields_that_default_to_none():
+    """BASE names every preset field once; every other field has a concrete default (target_return's None is
+    a value of its own: the env's reward threshold)."""
+    none_fields = {f.name for f in dataclasses.fields(RunCfg) if f.default is None} - {"target_return"}
+    for section, cls in SECTION_TYPES.items():
+        none_fields |= {f"{section}.{f.name}" for f in dataclasses.fields(cls) if f.default is None}
+    assert none_fields == set(presets.BASE) | {"algo.name"}
+
+
+@pytest.mark.parametrize("family", presets.FAMILIES)
+@pytest.mark.parametrize("arch, algo", [(arch, algo) for arch, algos in ARCH_ALGOS.items() for algo in algos])
+def test_every_run_resolves_without_none(arch, algo, family):
+    cfg = RunCfg(env=EnvCfg(id=FAMILY_ENVS[family]), arch=ArchCfg(name=arch), algo=AlgoCfg(name=algo))
+    assert cfg.algo.name == algo
+    assert [key for key, value in preset_values(cfg).items() if value is None] == []
+    assert set(cfg.preset_sources) == set(presets.BASE)
+
+
+def test_table_keys_name_real_fields_families_and_pairs():
+    for layer in [presets.BASE, *presets.ALGO.values(), *presets.FAMILY.values(), *presets.ALGO_FAMILY.values(),
+                  *presets.ARCH_ALGO_FAMILY.values()]:
+        assert set(layer) <= set(presets.BASE)
+    all_algos = {algo for algos in ARCH_ALGOS.values() for algo in algos}
+    assert set(presets.ALGO) <= all_algos and set(presets.FAMILY) <= set(presets.FAMILIES)
+    assert all(algo in all_algos and family in presets.FAMILIES for algo, family in presets.ALGO_FAMILY)
+    assert all(algo in ARCH_ALGOS[arch] and family in presets.FAMILIES
+               for arch, algo, family in presets.ARCH_ALGO_FAMILY)
+    assert all(presets.ARCH_ALGO[arch] in algos for arch, algos in ARCH_ALGOS.items())
+
+
+LAYERS = [  # most specific first: (source name, table, key), for paac/a2c on CartPole
+    ("paac/a2c/classic-discrete", "ARCH_ALGO_FAMILY", ("paac", "a2c", "classic-discrete")),
+    ("a2c/classic-discrete", "ALGO_FAMILY", ("a2c", "classic-discrete")),
+    ("classic-discrete", "FAMILY", "classic-discrete"),
+    ("a2c", "ALGO", "a2c"),
+]
+
+
+def test_the_most_specific_layer_wins(monkeypatch):
+    monkeypatch.setitem(presets.BASE, "algo.value_coef", 9.0)
+    for rank, (_, table, key) in enumerate(LAYERS):
+        layer = getattr(presets, table)
+        monkeypatch.setitem(layer, key, {**layer.get(key, {}), "algo.value_coef": float(rank)})
+    for rank, (name, table, key) in enumerate(LAYERS):
+        cfg = RunCfg()
+        assert (cfg.algo.value_coef, cfg.preset_sources["algo.value_coef"]) == (float(rank), name)
+        layer = getattr(presets, table)
+        monkeypatch.setitem(layer, key, {k: v for k, v in layer[key].items() if k != "algo.value_coef"})
+    cfg = RunCfg()
+    assert (cfg.algo.value_coef, cfg.preset_sources["algo.value_coef"]) == (9.0, "base")
+
+
+def test_explicit_values_win_even_when_they_equal_the_base_preset():
+    """`--max-grad-norm 40` with r2d2 stays 40: the r2d2 preset (80) fills only what was not given."""
+    cfg = config_from_args(build_parser().parse_args(
+        ["train", "--arch", "seed", "--algo", "r2d2", "--max-grad-norm", "40", "--gamma", "0.99"]))
+    assert cfg.algo.max_grad_norm == 40.0 and cfg.algo.gamma == 0.99
+    assert "algo.max_grad_norm" not in cfg.preset_sources and "algo.gamma" not in cfg.preset_sources
+    assert RunCfg(arch=ArchCfg(name="seed"), algo=AlgoCfg(name="r2d2")).algo.max_grad_norm == 80.0
+
+
+def test_derived_values_see_the_resolved_config():
+    """PAAC A2C on Atari: lr = 0.0007 * n_e with RMSProp eps 0.1 (PAAC section 5.1), n_e explicit or preset."""
+    pong = RunCfg(env=EnvCfg(id="ALE/Pong-v5"))
+    assert (pong.env.num_envs, pong.algo.lr, pong.algo.optimizer, pong.algo.rmsprop_eps) == (
+        32, pytest.approx(0.0224), "rmsprop", 0.1)
+    assert RunCfg(env=EnvCfg(id="ALE/Pong-v5", num_envs=16, num_workers=8)).algo.lr == pytest.approx(0.0112)
+    # Elsewhere eps 0.1 never comes with an unscaled learning rate: V-trace on Atari uses Adam.
+    vtrace = RunCfg(env=EnvCfg(id="ALE/Pong-v5"), arch=ArchCfg(name="seed"))
+    assert vtrace.algo.optimizer == "adam"
+
+
+def test_python_api_gets_the_preset():
+    cfg = RunCfg(env=EnvCfg(id="Pendulum-v1"), algo=AlgoCfg(name="ppo"))
+    assert (cfg.algo.gamma, cfg.algo.entropy_coef, cfg.model.normalize_obs, cfg.env.normalize_reward) == (
+        0.9, 0.0, True, True)
+    assert cfg.preset_sources["algo.gamma"] == "classic-continuous"
+
+
+def test_algorithm_defaults_to_the_architectures_own_and_impact_presets_fix_theirs():
+    cfg = RunCfg(arch=ArchCfg(name="seed"))
+    assert (cfg.algo.name, cfg.preset_sources["algo.name"]) == ("vtrace", "seed")
+    impala = RunCfg(arch=ArchCfg(name="impact", preset="impala"))
+    assert (impala.algo.name, impala.arch.replay_times, impala.arch.use_target_network) == ("vtrace", 1, False)
+    assert impala.preset_sources["arch.replay_times"] == "--preset impala"
+    assert RunCfg(arch=ArchCfg(name="impact", preset="appo", replay_times=1)).arch.replay_times == 1
+    with pytest.raises(ConfigError, match="--preset appo sets replay_times to 1"):
+        RunCfg(arch=ArchCfg(name="impact", preset="appo", replay_times=3))
+    with pytest.raises(ConfigError, match="--preset impala runs --algo vtrace"):
+        RunCfg(arch=ArchCfg(name="impact", preset="impala"), algo=AlgoCfg(name="impact"))
+
+
+def test_r2d2_needs_a_recurrent_core():
+    assert RunCfg(arch=ArchCfg(name="seed"), algo=AlgoCfg(name="r2d2")).model.lstm_size == 64
+    pong = RunCfg(env=EnvCfg(id="ALE/Pong-v5"), arch=ArchCfg(name="seed"), algo=AlgoCfg(name="r2d2"))
+    assert pong.model.lstm_size == 512
+    with pytest.raises(ConfigError, match="pass --lstm-size > 0"):
+        RunCfg(arch=ArchCfg(name="seed"), algo=AlgoCfg(name="r2d2"), model=ModelCfg(lstm_size=0))
+
+
+@pytest.mark.parametrize("cfg", [
+    RunCfg(),
+    RunCfg(env=EnvCfg(id="Pendulum-v1", env_args=(("g", 9.81),)), arch=ArchCfg(name="impact")),
+    RunCfg(env=EnvCfg(id="ALE/Pong-v5"), arch=ArchCfg(name="seed"), algo=AlgoCfg(name="r2d2")),
+], ids=["default", "impact-pendulum", "r2d2-pong"])
+def test_resolved_config_round_trips_as_explicit_values(cfg):
+    again = RunCfg.from_dict(cfg.to_dict())
+    assert again == cfg and again.preset_sources == {}
+
+
+def test_presets_command_prints_the_tables(capsys):
+    assert main(["presets"]) == 0
+    out = capsys.readouterr().out
+    assert "# base" in out and "  a2c/atari:" in out and "algo.lr = 0.0007 * num_envs" in out
+
+
+def test_presets_command_explains_a_run(capsys):
+    assert main(["presets", "--arch", "seed", "--algo", "r2d2", "--env", "CartPole-v1", "--max-grad-norm", "40"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "# seed/r2d2 on CartPole-v1 (family classic-discrete)"
+    assert "algo.max_grad_norm = 40.0  explicit" in lines
+    assert "arch.target_update = 100  preset(r2d2/classic-discrete)" in lines
+    assert "algo.adam_eps = 0.001  preset(r2d2)" in lines
+    assert "seed = 0  default" in lines and "arch.name = 'seed'  explicit" in lines
+
+
+def test_unknown_env_id_is_one_line_and_exit_2():
+    proc = subprocess.run([sys.executable, "-m", "conveyor.cli", "presets", "--env", "NoSuchEnv-v9"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "unknown env id 'NoSuchEnv-v9'" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_every_table_value_cites_its_source():
+    """Each entry of every table (a key with a plain or Derived value) carries `# source:` on its line."""
+    source = inspect.getsource(presets)
+    lines = source.splitlines()
+    tables = {"ARCH_ALGO", "BASE", "ALGO", "FAMILY", "CONTINUOUS_CONTROL", "ALGO_FAMILY", "ARCH_ALGO_FAMILY"}
+    found = set()
+    uncited = []
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.AnnAssign) and node.target.id in tables:  # type: ignore[union-attr]
+            found.add(node.target.id)  # type: ignore[union-attr]
+            for table in ast.walk(node.value):  # type: ignore[arg-type]
+                if isinstance(table, ast.Dict):
+                    for key, value in zip(table.keys, table.values):
+                        if key is not None and not isinstance(value, ast.Dict):
+                            if "# source: " not in lines[key.lineno - 1]:
+                                uncited.append(lines[key.lineno - 1].strip())
+    assert found == tables and uncited == []
+
+
+def test_warns_when_the_target_network_can_never_sync():
+    r2d2 = RunCfg(arch=ArchCfg(name="seed"), algo=AlgoCfg(name="r2d2"), total_steps=10_000)
+    # 10k steps / 10 new steps per sequence = 1000 sequences, 950 after min_replay 50, x ratio 2 / batch 32: 59
+    assert presets.expected_updates(r2d2) == pytest.approx(950 * 2 / 32)
+    assert "the target network will never sync" in presets.target_sync_warning(r2d2)
+    assert presets.target_sync_warning(dataclasses.replace(r2d2, total_steps=100_000)) is None
+    impact = RunCfg(arch=ArchCfg(name="impact", target_update=1000), total_steps=10_000)
+    # 8 envs on 2 workers: one batch is 32 steps x 4 envs, used K = 8 times
+    assert presets.expected_updates(impact) == pytest.approx(10_000 / 128 * 8)
+    assert presets.target_sync_warning(impact).startswith("conveyor: warning: 10,000 env steps make about 625")
+    assert presets.target_sync_warning(RunCfg()) is None  # no target network
+
+
+def test_the_warning_is_one_line_on_stderr_at_start(capsys, tmp_path):
+    assert main(["train", "--arch", "impact", "--total-steps", "500", "--target-update", "1000", "--no-progress",
+                 "--out", str(tmp_path / "run")]) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "--target-update 1000" in warnings[0]
