@@ -26,18 +26,16 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+import conveyor.presets as presets
+from conveyor.errors import ConfigError
+from conveyor.presets import IMPACT_PRESETS, is_atari_id
+
 ARCHS = ("paac", "ga3c", "seed", "impact", "hts")
 ALGOS = ("a2c", "ppo", "vtrace", "impact", "r2d2", "ga3c")
 MODELS = ("auto", "mlp", "nips_cnn", "nature_cnn", "impala_resnet")
 ENV_BACKENDS = ("shm", "envpool")
 OPTIMIZERS = ("rmsprop", "adam")
 IMPACT_RATIOS = ("target", "worker", "impact")
-# IMPACT paper comparison presets (`--preset`): the arch fields and the algorithm each one fixes.
-IMPACT_PRESETS: dict[str, tuple[dict[str, Any], str]] = {
-    "impact": ({"use_target_network": True}, "impact"),
-    "appo": ({"replay_times": 1, "use_target_network": False}, "impact"),
-    "impala": ({"replay_times": 1, "use_target_network": False}, "vtrace"),
-}
 
 # Which algorithms each architecture can run. A pair outside this table is refused.
 ARCH_ALGOS: dict[str, tuple[str, ...]] = {
@@ -47,10 +45,6 @@ ARCH_ALGOS: dict[str, tuple[str, ...]] = {
     "impact": ("impact", "vtrace"),
     "hts": ("a2c", "ppo"),
 }
-
-
-class ConfigError(ValueError):
-    """An invalid configuration value; the message names the field and the fix."""
 
 
 # Checks skip None: a preset field left unset is checked once the preset has filled it.
@@ -135,10 +129,6 @@ class EnvCfg:
     @property
     def is_atari(self) -> bool:
         return is_atari_id(self.id)
-
-
-def is_atari_id(env_id: str) -> bool:
-    return env_id.startswith("ALE/") or env_id.endswith("NoFrameskip-v4")
 
 
 @dataclass(frozen=True)
@@ -365,8 +355,6 @@ class RunCfg:
     """Intra-op threads of the learner's torch; 0 picks them by architecture (``learner_threads``)."""
 
     def __post_init__(self) -> None:
-        from conveyor import presets  # here, not at the top: presets imports this module (and gymnasium)
-
         resolved = presets.resolve(self)
         for name, value in resolved.fields.items():  # frozen: set during construction only
             object.__setattr__(self, name, value)

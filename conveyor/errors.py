@@ -1,6 +1,10 @@
 """Errors a run reports as one line (the CLI prints them without a traceback)."""
 
 
+class ConfigError(ValueError):
+    """An invalid configuration value; the message names the field and the fix (exit code 2)."""
+
+
 class WorkerFailure(RuntimeError):
     """A worker, executor, agent or actor process died, or envs raised more often than
     ``--max-env-errors``. The message names the part (index, pid, envs, exit reason); the run

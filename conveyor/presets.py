@@ -38,7 +38,19 @@ import types
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from conveyor.config import IMPACT_PRESETS, ConfigError, is_atari_id
+from conveyor.errors import ConfigError
+
+# IMPACT paper comparison presets (`--preset`): the arch fields and the algorithm each one fixes.
+IMPACT_PRESETS: dict[str, tuple[dict[str, Any], str]] = {
+    "impact": ({"use_target_network": True}, "impact"),
+    "appo": ({"replay_times": 1, "use_target_network": False}, "impact"),
+    "impala": ({"replay_times": 1, "use_target_network": False}, "vtrace"),
+}
+
+
+def is_atari_id(env_id: str) -> bool:
+    return env_id.startswith("ALE/") or env_id.endswith("NoFrameskip-v4")
+
 
 FAMILIES = ("classic-discrete", "classic-continuous", "atari", "mujoco", "minatar")
 SECTIONS = ("env", "model", "algo", "arch")
@@ -209,7 +221,8 @@ ALGO_FAMILY: dict[tuple[str, str], dict[str, Any]] = {
         "algo.ppo_epochs": 10,  # source: rl-zoo ppo.yml Pendulum-v1 n_epochs 10
         "algo.ppo_minibatches": 16,  # source: rl-zoo ppo.yml Pendulum-v1 batch_size 64 (SB3 default): 16 x 64
         "algo.gae_lambda": 0.95,  # source: rl-zoo ppo.yml Pendulum-v1 gae_lambda 0.95
-        "algo.lr": 1e-3,  # source: rl-zoo ppo.yml Pendulum-v1 learning_rate 1e-3
+        "algo.lr": 3e-4,  # source: CleanRL ppo_continuous_action.py 3e-4; tuned here: Pendulum seed 1 at 300k: paac
+        # -401, hts -281 (rl-zoo's 1e-3, made for gSDE: -492, -365; approx KL 0.26 per rollout)
         "algo.clip": 0.2,  # source: rl-zoo ppo.yml Pendulum-v1 clip_range 0.2
     },
     ("ppo", "mujoco"): {
@@ -319,8 +332,10 @@ def env_family(env_id: str, env_args: tuple[tuple[str, Any], ...] = ()) -> str:
     if env_id not in _FAMILY_CACHE:
         import gymnasium as gym
 
-        from conveyor.envs import STEP_TIME_ID
-        from conveyor.envs.make import gym_make
+        # Imported here: importing any conveyor.envs module first runs conveyor/envs/__init__.py, which
+        # imports conveyor.config, which imports this module (neither file below imports config itself).
+        from conveyor.envs.gym_api import gym_make
+        from conveyor.envs.step_time import ENV_ID as STEP_TIME_ID
 
         if env_id == STEP_TIME_ID:
             _FAMILY_CACHE[env_id] = "classic-discrete"

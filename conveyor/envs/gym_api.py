@@ -7,7 +7,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from conveyor.config import ConfigError
+from conveyor.errors import ConfigError
 
 EPISODE_KEY = "episode"
 """Info key of a finished real episode's statistics (``r`` return, ``l`` length)."""

@@ -31,7 +31,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from conveyor.config import ConfigError
+from conveyor.errors import ConfigError
 
 ENV_ID = "conveyor/StepTime-v0"
 EPISODE_STEPS = 100
