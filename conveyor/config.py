@@ -28,11 +28,11 @@ from typing import Any
 
 import conveyor.presets as presets
 from conveyor.errors import ConfigError
-from conveyor.presets import IMPACT_PRESETS, is_atari_id
+from conveyor.presets import IMPACT_PRESETS, is_atari_id, is_minatar_id
 
 ARCHS = ("paac", "ga3c", "seed", "impact", "hts")
 ALGOS = ("a2c", "ppo", "vtrace", "impact", "r2d2", "ga3c")
-MODELS = ("auto", "mlp", "nips_cnn", "nature_cnn", "impala_resnet")
+MODELS = ("auto", "mlp", "nips_cnn", "nature_cnn", "impala_resnet", "minatar_cnn")
 ENV_BACKENDS = ("shm", "envpool")
 OPTIMIZERS = ("rmsprop", "adam")
 IMPACT_RATIOS = ("target", "worker", "impact")
@@ -77,7 +77,8 @@ def _unit_interval(obj: Any, *names: str) -> None:
 @dataclass(frozen=True)
 class EnvCfg:
     id: str = "CartPole-v1"
-    """A gymnasium id (``CartPole-v1``, ``ALE/Pong-v5``, ``HalfCheetah-v5``) or ``conveyor/StepTime-v0``."""
+    """A gymnasium id (``CartPole-v1``, ``ALE/Pong-v5``, ``HalfCheetah-v5``, ``MinAtar/Breakout-v1``) or
+    ``conveyor/StepTime-v0``."""
     num_envs: int | None = None
     """n_e: envs stepped in lockstep (or, in async architectures, envs per actor/worker group)."""
     num_workers: int = 2
@@ -130,12 +131,16 @@ class EnvCfg:
     def is_atari(self) -> bool:
         return is_atari_id(self.id)
 
+    @property
+    def is_minatar(self) -> bool:
+        return is_minatar_id(self.id)
+
 
 @dataclass(frozen=True)
 class ModelCfg:
     name: str | None = None
-    """Encoder: ``mlp``, ``nips_cnn``, ``nature_cnn``, ``impala_resnet``; ``auto`` picks mlp for vectors, nature_cnn for
-    images."""
+    """Encoder: ``mlp``, ``nips_cnn``, ``nature_cnn``, ``impala_resnet``, ``minatar_cnn``; ``auto`` picks mlp for
+    vectors, nature_cnn for images."""
     hidden: tuple[int, ...] | None = None
     """MLP hidden layer sizes."""
     lstm_size: int | None = None
@@ -352,7 +357,7 @@ class RunCfg:
     progress: bool = True
     """Show the console progress line."""
     torch_threads: int = 0
-    """Intra-op threads of the learner's torch; 0 picks them by architecture (``learner_threads``)."""
+    """Intra-op threads of the learner's torch; 0 picks them by model and architecture (``learner_threads``)."""
 
     def __post_init__(self) -> None:
         resolved = presets.resolve(self)
@@ -384,11 +389,18 @@ class RunCfg:
 
     @property
     def learner_threads(self) -> int:
-        """``torch_threads``, else every core for paac (its env workers idle while the learner computes)
-        and half the cores for the asynchronous architectures (envs step while the learner computes;
-        oversubscribed OpenMP threads spin, measured 8x slower Nature-CNN forwards)."""
+        """``torch_threads``, else: one for the small models, ``mlp`` and ``minatar_cnn`` (their matmuls are too
+        small to split; a second OpenMP thread spinning beside busy env workers made the default CartPole job
+        2.7x slower on a loaded 2-core machine); for the larger CNNs every core for paac (its env workers idle
+        while the learner computes) and half the cores for the asynchronous architectures (envs step while the
+        learner computes; oversubscribed OpenMP threads spin, measured 8x slower Nature-CNN forwards)."""
         if self.torch_threads:
             return self.torch_threads
+        model = self.model.name
+        if model == "auto":  # as ActorCritic picks: nature_cnn for frames (Atari here), mlp for vectors
+            model = "nature_cnn" if presets.env_family(self.env.id, self.env.env_args) == "atari" else "mlp"
+        if model in ("mlp", "minatar_cnn"):
+            return 1
         cores = os.cpu_count() or 1
         return cores if self.arch.name == "paac" else max(1, cores // 2)
 

@@ -52,6 +52,13 @@ def is_atari_id(env_id: str) -> bool:
     return env_id.startswith("ALE/") or env_id.endswith("NoFrameskip-v4")
 
 
+MINATAR_PREFIX = "MinAtar/"
+
+
+def is_minatar_id(env_id: str) -> bool:
+    return env_id.startswith(MINATAR_PREFIX)
+
+
 FAMILIES = ("classic-discrete", "classic-continuous", "atari", "mujoco", "minatar")
 SECTIONS = ("env", "model", "algo", "arch")
 
@@ -171,8 +178,8 @@ FAMILY: dict[str, dict[str, Any]] = {
         "algo.max_grad_norm": 0.5,  # source: CleanRL ppo_continuous_action.py max_grad_norm 0.5
     },
     "minatar": {
-        "total_steps": 5_000_000,  # source: MinAtar paper (Young & Tian 2019): 5M frames per run
-        "model.name": "impala_resnet",  # source: conveyor's only encoder that fits 10x10 frames (paper: 1 conv 16)
+        "total_steps": 5_000_000,  # source: MinAtar paper (Young & Tian 2019), experiments: 5M frames per run
+        "model.name": "minatar_cnn",  # source: MinAtar paper (Young & Tian 2019), experiments: conv 16 3x3/1, fc 128
     },
 }
 
@@ -327,7 +334,7 @@ def env_family(env_id: str, env_args: tuple[tuple[str, Any], ...] = ()) -> str:
     ``ConfigError`` of ``conveyor.envs.make.gym_make``."""
     if is_atari_id(env_id):
         return "atari"
-    if env_id.startswith("MinAtar/"):
+    if is_minatar_id(env_id):
         return "minatar"
     if env_id not in _FAMILY_CACHE:
         import gymnasium as gym

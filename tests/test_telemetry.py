@@ -4,6 +4,7 @@ import csv
 import math
 
 import numpy as np
+import pandas
 import pytest
 import torch
 
@@ -115,6 +116,15 @@ def test_every_architecture_writes_one_metrics_table_and_trains_its_input_statis
         if int(row["updates"]):
             assert math.isfinite(float(row["lag_mean"])), row
     assert [int(row["env_steps"]) for row in rows] == sorted(int(row["env_steps"]) for row in rows)
+    # pandas reads the same table: one header, numeric columns, the lag where updates happened.
+    frame = pandas.read_csv(tmp_path / "run" / "metrics.csv")
+    assert list(frame.columns) == header and len(frame) == len(rows)
+    assert frame["env_steps"].dtype.kind == "i" and frame["env_steps"].is_monotonic_increasing
+    for column in ("sps", "lag_mean", "lag_max", "return_mean_last100"):
+        assert frame[column].dtype.kind in "if", column  # numbers, never strings from shifted cells
+    trained = frame[frame["updates"] > 0]
+    assert len(trained) and trained["lag_mean"].notna().all() and (trained["lag_max"] < 10_000).all()
+    assert frame["env_steps"].max() <= summary["env_steps"]
     # Returns stay in env units with normalize_reward: a CartPole episode scores 1 per step, 8 at least.
     assert summary["return_mean_last100"] >= 8.0 and summary["episodes"] > 0
     # The learner folded the observations into the model's statistics; the checkpoint carries them.

@@ -1,7 +1,8 @@
 """Environments: single envs, the synthetic step-time env, vectorized stepping.
 
 - ``make_env(cfg, seed)``: one gymnasium env (Atari ids get the standard
-  preprocessing, see ``conveyor.envs.atari``); finished real episodes are
+  preprocessing, see ``conveyor.envs.atari``; MinAtar ids channel-first uint8
+  frames, see ``conveyor.envs.minatar``); finished real episodes are
   reported as ``info[EPISODE_KEY]`` with the unclipped return.
 - ``conveyor/StepTime-v0`` (registered on import): a learnable env whose
   step time follows a chosen distribution (``conveyor.envs.step_time``).

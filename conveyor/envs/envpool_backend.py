@@ -2,8 +2,8 @@
 
 Supported ids: Atari (``ALE/Pong-v5``, ``PongNoFrameskip-v4`` -> envpool's
 ``Pong-v5``) and the gymnasium MuJoCo ids envpool implements
-(``HalfCheetah-v5`` ...). Anything else raises ``ConfigError``: use the
-``shm`` backend for it.
+(``HalfCheetah-v5`` ...). Anything else, MinAtar included (envpool has no
+MinAtar), raises ``ConfigError``: use the ``shm`` backend for it.
 
 Atari is configured to match ``conveyor.envs.atari``: no-op starts up to
 ``noop_max``, ``frame_skip`` with max-pooling, 84x84 grayscale, a stack of
@@ -74,6 +74,9 @@ def _atari_task(cfg: EnvCfg) -> tuple[str, dict[str, Any]]:
 
 def _task(cfg: EnvCfg) -> tuple[str, dict[str, Any], bool]:
     """envpool task id, its options, and whether it is Atari."""
+    if cfg.is_minatar:
+        raise ConfigError(f"env id {cfg.id!r} is not supported by the envpool backend (envpool has no MinAtar): "
+                          "use --env-backend shm")
     import envpool
 
     if cfg.is_atari:

@@ -16,13 +16,15 @@ import numpy as np
 from conveyor.config import EnvCfg
 from conveyor.envs.atari import make_atari
 from conveyor.envs.gym_api import EPISODE_KEY, gym_make
+from conveyor.envs.minatar import make_minatar
 
 NORMALIZED_REWARD_CLIP = 10.0
 """``normalize_reward`` clips the scaled training reward to [-10, 10] (as SB3's ``VecNormalize``)."""
 
 
 def make_env(cfg: EnvCfg, seed: int, gamma: float | None = None) -> gym.Env:
-    """One env for ``cfg.id`` (any gymnasium id; Atari ids get the standard preprocessing).
+    """One env for ``cfg.id`` (any gymnasium id; Atari ids get the standard preprocessing, MinAtar ids
+    channel-first uint8 frames: ``conveyor.envs.atari``, ``conveyor.envs.minatar``).
 
     The env comes back already reset once with ``seed``, which fixes all of
     its random streams (dynamics, no-op starts, sticky actions); call
@@ -40,6 +42,8 @@ def make_env(cfg: EnvCfg, seed: int, gamma: float | None = None) -> gym.Env:
     """
     if cfg.is_atari:
         env = make_atari(cfg)
+    elif cfg.is_minatar:
+        env = make_minatar(cfg)
     else:
         env = gym.wrappers.RecordEpisodeStatistics(gym_make(cfg.id, cfg.kwargs), stats_key=EPISODE_KEY)
     if cfg.normalize_reward and gamma is not None:

@@ -3,7 +3,9 @@
 ``mlp`` for flat vectors; ``nips_cnn`` (Mnih et al. 2013: 16 8x8/4, 32 4x4/2,
 fc256) and ``nature_cnn`` (Mnih et al. 2015: 32 8x8/4, 64 4x4/2, 64 3x3/1,
 fc512) as used by PAAC and GA3C; ``impala_resnet`` (Espeholt et al. 2018:
-three stacks of conv + max-pool + two residual blocks, fc256) for IMPALA/SEED.
+three stacks of conv + max-pool + two residual blocks, fc256) for IMPALA/SEED;
+``minatar_cnn`` (Young & Tian 2019: 16 3x3/1, fc128, ReLU) for the 10x10 MinAtar
+frames, the network of the MinAtar paper's experiments.
 """
 
 from __future__ import annotations
@@ -58,6 +60,10 @@ def nature_cnn(obs_shape: tuple[int, ...], cfg: ModelCfg) -> tuple[nn.Module, in
     return _dqn_cnn(obs_shape, [(32, 8, 4), (64, 4, 2), (64, 3, 1)], 512)
 
 
+def minatar_cnn(obs_shape: tuple[int, ...], cfg: ModelCfg) -> tuple[nn.Module, int]:
+    return _dqn_cnn(obs_shape, [(16, 3, 1)], 128)
+
+
 class _Residual(nn.Module):
     def __init__(self, channels: int):
         super().__init__()
@@ -84,4 +90,5 @@ ENCODERS: dict[str, Callable[[tuple[int, ...], ModelCfg], tuple[nn.Module, int]]
     "nips_cnn": nips_cnn,
     "nature_cnn": nature_cnn,
     "impala_resnet": impala_resnet,
+    "minatar_cnn": minatar_cnn,
 }
