@@ -199,3 +199,13 @@ def test_the_warning_is_one_line_on_stderr_at_start(capsys, tmp_path):
                  "--out", str(tmp_path / "run")]) == 0
     warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
     assert len(warnings) == 1 and "--target-update 1000" in warnings[0]
+
+
+def test_learner_threads_one_for_small_models_and_by_architecture_for_large_cnns(monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    threads = {(arch, env): RunCfg(env=EnvCfg(id=env), arch=ArchCfg(name=arch)).learner_threads
+               for arch in ("paac", "seed") for env in ("CartPole-v1", "ALE/Pong-v5", "MinAtar/Breakout-v1")}
+    assert threads == {("paac", "CartPole-v1"): 1, ("paac", "ALE/Pong-v5"): 8, ("paac", "MinAtar/Breakout-v1"): 1,
+                       ("seed", "CartPole-v1"): 1, ("seed", "ALE/Pong-v5"): 4, ("seed", "MinAtar/Breakout-v1"): 1}
+    assert RunCfg(model=ModelCfg(name="nature_cnn"), env=EnvCfg(id="CartPole-v1")).learner_threads == 8
+    assert RunCfg(torch_threads=3).learner_threads == 3
