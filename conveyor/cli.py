@@ -4,7 +4,8 @@
 with the field's docstring as help; so the README's configuration table,
 ``--help`` and the config never disagree. Expected mistakes (bad values,
 unknown ids, unwritable dirs, corrupt checkpoints) print one line and exit
-with code 2; there is no traceback for them.
+with code 2; a run that fails (a dead worker, non-finite updates, a full
+disk) prints one line and exits with code 1; there is no traceback for them.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from conveyor import presets
-from conveyor.config import AlgoCfg, ArchCfg, ConfigError, EnvCfg, ModelCfg, RunCfg, field_docs
-from conveyor.errors import WorkerFailure
+from conveyor.config import (AlgoCfg, ArchCfg, ConfigError, EnvCfg, ModelCfg, RunCfg, field_docs,
+                             read_config_file)
+from conveyor.errors import RunFailure, WorkerFailure
 
 USAGE_ERROR = 2
 RUN_FAILED = 1
@@ -149,12 +151,7 @@ def config_from_args(args: argparse.Namespace) -> RunCfg:
     given = _given_flags(args)
     base: dict[str, Any] = {}
     if given.get("resume"):
-        config_file = Path(given["resume"]) / "config.json"
-        if not config_file.is_file():
-            raise UsageError(f"--resume {given['resume']}: no config.json there; pass the --out DIR of an earlier run")
-        base = json.loads(config_file.read_text())
-        base["resume"] = given["resume"]
-        base["out"] = base.get("out") or given["resume"]
+        base = _resumed_config(given["resume"], given.get("out"))
     sections: dict[str, dict[str, Any]] = {name: dict(base.get(name, {})) for name in SECTIONS}
     top = {k: v for k, v in base.items() if k not in SECTIONS}
     for dest, value in given.items():
@@ -164,6 +161,18 @@ def config_from_args(args: argparse.Namespace) -> RunCfg:
         (sections[section] if section else top)[name] = value
     data = {**top, **sections}
     return RunCfg.from_dict(data)
+
+
+def _resumed_config(run_dir: str, out: str | None) -> dict[str, Any]:
+    """The config of the run in ``run_dir`` (its ``config.json``) to continue there: whatever ``out`` that file
+    names (it may be a copy of another run), a resumed run writes only into ``run_dir``."""
+    if out and Path(out).resolve() != Path(run_dir).resolve():
+        raise UsageError(f"--resume {run_dir} continues that run in place: drop --out {out} (to continue "
+                         "elsewhere, copy the directory there and --resume the copy)")
+    config_file = Path(run_dir) / "config.json"
+    if not config_file.is_file():
+        raise UsageError(f"--resume {run_dir}: no config.json there; pass the --out DIR of an earlier run")
+    return {**read_config_file(config_file), "resume": run_dir, "out": run_dir}
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -238,12 +247,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"conveyor: run failed: {first_line}; continue from the run's last checkpoint with --resume DIR",
               file=sys.stderr)
         return RUN_FAILED
-    except TypeError as error:
-        # Dataclass construction with a wrongly typed value from a config file.
-        if "__init__()" in str(error):
-            print(f"conveyor: error: invalid configuration ({error})", file=sys.stderr)
-            return USAGE_ERROR
-        raise
+    except RunFailure as error:
+        print(f"conveyor: run failed: {error}", file=sys.stderr)
+        return RUN_FAILED
 
 
 if __name__ == "__main__":

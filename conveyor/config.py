@@ -21,9 +21,14 @@ field and the fix; the CLI turns it into exit code 2.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import math
 import os
+import types
+import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import conveyor.presets as presets
@@ -35,6 +40,7 @@ ALGOS = ("a2c", "ppo", "vtrace", "impact", "r2d2", "ga3c")
 MODELS = ("auto", "mlp", "nips_cnn", "nature_cnn", "impala_resnet", "minatar_cnn")
 ENV_BACKENDS = ("shm", "envpool")
 OPTIMIZERS = ("rmsprop", "adam")
+LR_SCHEDULES = ("constant", "linear")
 IMPACT_RATIOS = ("target", "worker", "impact")
 
 # Which algorithms each architecture can run. A pair outside this table is refused.
@@ -45,6 +51,57 @@ ARCH_ALGOS: dict[str, tuple[str, ...]] = {
     "impact": ("impact", "vtrace"),
     "hts": ("a2c", "ppo"),
 }
+
+
+INFINITY_MEANS_NEVER = ("target_return",)
+"""Float fields whose documented ``inf`` means "never"; every other float must be finite."""
+
+
+@functools.cache
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _type_name(hint: Any) -> str:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(arg) for arg in typing.get_args(hint))
+    if hint is type(None):
+        return "null"
+    if typing.get_origin(hint) is tuple:
+        return "a list"
+    return getattr(hint, "__name__", str(hint))
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    """Whether ``value`` has the annotated type ``hint`` (a bool is no number; an int is a float)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, arg) for arg in args)
+    if hint is Any:
+        return True
+    if hint is type(None):
+        return value is None
+    if hint in (int, float):
+        return isinstance(value, (int, float) if hint is float else int) and not isinstance(value, bool)
+    if origin is tuple:
+        if not isinstance(value, tuple):
+            return False
+        if len(args) == 2 and args[1] is Ellipsis:
+            return all(_fits(item, args[0]) for item in value)
+        return len(value) == len(args) and all(_fits(item, arg) for item, arg in zip(value, args))
+    return isinstance(value, hint)
+
+
+def _typed(obj: Any) -> None:
+    """Every field holds its annotated type (a config file or a Python caller can pass anything) and every float
+    is finite (NaN passes every range check), ``inf`` allowed only where it means "never"."""
+    for name, hint in _field_types(type(obj)).items():
+        value = getattr(obj, name)
+        if not _fits(value, hint):
+            raise ConfigError(f"{name} must be {_type_name(hint)}, got {value!r}: fix the flag or config.json")
+        if isinstance(value, float) and not math.isfinite(value) and not (
+                name in INFINITY_MEANS_NEVER and value == math.inf):
+            raise ConfigError(f"{name} must be a finite number, got {value}: fix the flag or config.json")
 
 
 # Checks skip None: a preset field left unset is checked once the preset has filled it.
@@ -105,10 +162,14 @@ class EnvCfg:
     max_restarts: int = 10
     """Worker processes (env workers, executors, agents, actors, IMPACT workers) that die are restarted, their
     envs re-seeded, up to this many times per run; one more death stops the run with an error (0: never)."""
+    env_step_timeout_s: float = 60.0
+    """A worker whose env spends longer than this in one call (make, reset, step), or that does not take up a
+    command for this long (stopped, stuck), is killed as hung and restarted like a dead one (0: wait forever)."""
 
     def __post_init__(self) -> None:
+        _typed(self)
         _positive(self, "num_envs", "num_workers", "frame_stack", "frame_skip", "max_env_errors")
-        _non_negative(self, "noop_max", "max_restarts")
+        _non_negative(self, "noop_max", "max_restarts", "env_step_timeout_s")
         _choice("env backend", self.backend, ENV_BACKENDS)
         if self.normalize_reward and self.backend != "shm":
             raise ConfigError("normalize_reward runs inside the shm env workers: use --env-backend shm or drop "
@@ -152,6 +213,7 @@ class ModelCfg:
     """Give the value head its own encoder (same architecture) instead of sharing the policy's; no LSTM core."""
 
     def __post_init__(self) -> None:
+        _typed(self)
         _choice("model", self.name, MODELS)
         if self.hidden is not None and (not self.hidden or any(h <= 0 for h in self.hidden)):
             raise ConfigError(f"hidden sizes must be positive, got {self.hidden}")
@@ -169,6 +231,9 @@ class AlgoCfg:
     """Discount factor."""
     lr: float | None = None
     """Learning rate."""
+    lr_schedule: str | None = None
+    """``constant``, or ``linear``: the learning rate falls linearly from ``lr`` to 0 at ``total_steps``, set
+    after each update from the env steps so far (CleanRL's ``anneal_lr``)."""
     optimizer: str | None = None
     """``rmsprop`` or ``adam``."""
     rmsprop_alpha: float = 0.99
@@ -188,7 +253,8 @@ class AlgoCfg:
     ppo_epochs: int | None = None
     """PPO: passes over each rollout."""
     ppo_minibatches: int | None = None
-    """PPO: minibatches per pass (split over envs, so time order is kept)."""
+    """PPO: minibatches per pass: single steps drawn from all of T x B (feed-forward models), or env columns in
+    time order (recurrent ones)."""
     clip: float | None = None
     """PPO / IMPACT surrogate clip epsilon."""
     clip_rho: float = 1.0
@@ -219,11 +285,13 @@ class AlgoCfg:
     """R2D2: epsilon-greedy exploration of the most exploring env slot; slot i of N acts with
     ``exploration_eps ** (1 + 7 i / (N - 1))``."""
     normalize_advantages: bool | None = None
-    """PPO: normalize advantages per minibatch."""
+    """PPO: normalize advantages per minibatch; V-trace: its policy-gradient advantages per batch."""
 
     def __post_init__(self) -> None:
+        _typed(self)
         _choice("algo", self.name, ALGOS)
         _choice("optimizer", self.optimizer, OPTIMIZERS)
+        _choice("lr schedule", self.lr_schedule, LR_SCHEDULES)
         _choice("impact ratio", self.impact_ratio, IMPACT_RATIOS)
         _unit_interval(self, "gamma", "gae_lambda", "eta", "exploration_eps")
         _non_negative(self, "max_grad_norm", "entropy_coef", "value_coef", "kl_coef")
@@ -274,6 +342,11 @@ class ArchCfg:
     """SEED: PEM private key for TLS (with tls_cert)."""
     max_message_bytes: int = 16 * 1024 * 1024
     """SEED: largest accepted gRPC message."""
+    max_actor_envs: int = 256
+    """SEED: most env slots one actor (one stream) may take; an actor asking for more is refused."""
+    actor_idle_timeout_s: float = 30.0
+    """SEED: seconds the learner waits for an actor's Hello or next step before it ends the stream and frees its
+    env slots (a live actor reconnects)."""
     batch_size: int | None = None
     """Learner batch size in unrolls/sequences (SEED, R2D2)."""
     seq_len: int | None = None
@@ -307,14 +380,15 @@ class ArchCfg:
     """Updates between target-network syncs (IMPACT, R2D2)."""
 
     def __post_init__(self) -> None:
+        _typed(self)
         _choice("arch", self.name, ARCHS)
         _choice("preset", self.preset or None, tuple(IMPACT_PRESETS))
         if self.preset and self.name != "impact":
             raise ConfigError(f"--preset {self.preset} is an IMPACT comparison preset: use it with --arch impact")
         _positive(self, "unroll", "num_actors", "sync_interval", "num_agents", "num_predictors",
                   "num_trainers", "min_train_batch", "max_predict_batch", "autotune_interval",
-                  "inference_batch", "inference_timeout_ms", "max_message_bytes",
-                  "batch_size", "seq_len", "replay_bytes", "replay_capacity", "min_replay",
+                  "inference_batch", "inference_timeout_ms", "max_message_bytes", "max_actor_envs",
+                  "actor_idle_timeout_s", "batch_size", "seq_len", "replay_bytes", "replay_capacity", "min_replay",
                   "worker_batch", "buffer_batches", "replay_times", "broadcast_interval", "target_update")
         _non_negative(self, "burn_in", "local_actors", "replay_ratio")
         if self.burn_in is not None and self.seq_len is not None and self.burn_in >= self.seq_len:
@@ -360,6 +434,7 @@ class RunCfg:
     """Intra-op threads of the learner's torch; 0 picks them by model and architecture (``learner_threads``)."""
 
     def __post_init__(self) -> None:
+        _typed(self)
         resolved = presets.resolve(self)
         for name, value in resolved.fields.items():  # frozen: set during construction only
             object.__setattr__(self, name, value)
@@ -412,20 +487,44 @@ class RunCfg:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "RunCfg":
-        """Rebuild a config written by ``to_dict`` (tuples come back from JSON lists)."""
+        """Rebuild a config written by ``to_dict`` (tuples come back from JSON lists); an unknown field is a
+        ConfigError."""
         parts = {"env": EnvCfg, "model": ModelCfg, "algo": AlgoCfg, "arch": ArchCfg}
+        _known(cls, data, "")
         kwargs: dict[str, Any] = {}
         for key, value in data.items():
             if key in parts:
                 sub = dict(value)
-                if "env_args" in sub:
+                _known(parts[key], sub, f"{key}.")
+                if isinstance(sub.get("env_args"), list) and all(isinstance(kv, list) for kv in sub["env_args"]):
                     sub["env_args"] = tuple(tuple(kv) for kv in sub["env_args"])
-                if "hidden" in sub:
+                if isinstance(sub.get("hidden"), list):
                     sub["hidden"] = tuple(sub["hidden"])
                 kwargs[key] = parts[key](**sub)
             else:
                 kwargs[key] = value
         return cls(**kwargs)
+
+
+def _known(cls: type, data: dict[str, Any], prefix: str) -> None:
+    unknown = sorted(set(data) - {fld.name for fld in dataclasses.fields(cls)})
+    if unknown:
+        raise ConfigError(f"unknown config field {', '.join(prefix + name for name in unknown)}: remove it from "
+                          "config.json")
+
+
+def read_config_file(path: Path | str) -> dict[str, Any]:
+    """A run's ``config.json`` as ``RunCfg.from_dict`` takes it; a ConfigError names what is wrong with the file."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ConfigError(f"{path} is not a readable JSON file ({error}): restore it, or start a new run") from None
+    sections = ("env", "model", "algo", "arch")
+    if not isinstance(data, dict) or not all(isinstance(data.get(name, {}), dict) for name in sections):
+        raise ConfigError(f"{path} is not a conveyor config (a JSON object with the sections "
+                          f"{', '.join(sections)}): restore it, or start a new run")
+    return data
 
 
 def field_docs(cls: type) -> dict[str, str]:

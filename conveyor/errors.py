@@ -14,3 +14,9 @@ class WorkerFailure(RuntimeError):
 class WorkerDied(WorkerFailure):
     """A process died (killed, crashed), as opposed to one that reported an error it cannot get past: a
     process that hosts it may treat this as its own death, so that it is restarted in turn."""
+
+
+class RunFailure(RuntimeError):
+    """The run cannot go on, for a reason of its own rather than a worker's: updates that keep coming out
+    non-finite (NaN/inf loss or gradients), a checkpoint that cannot be written (a full disk). The message
+    names the cause and the fix (exit code 1)."""

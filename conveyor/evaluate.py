@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from conveyor.config import ConfigError, RunCfg
+from conveyor.config import ConfigError, RunCfg, read_config_file
 from conveyor.envs import EPISODE_KEY, make_env
 
 WINDOW = 10
@@ -235,7 +235,7 @@ def load_run_config(run_dir: Path) -> RunCfg:
     config_file = Path(run_dir) / "config.json"
     if not config_file.is_file():
         raise ConfigError(f"no config.json in {run_dir}: pass the --out DIR of a conveyor run")
-    return RunCfg.from_dict(json.loads(config_file.read_text()))
+    return RunCfg.from_dict(read_config_file(config_file))
 
 
 def model_for_checkpoint(cfg: RunCfg, observation_space: Any, action_space: Any,

@@ -8,14 +8,28 @@ input statistics (``ModelCfg.normalize_obs``): after the step, so the
 gradient is taken under the statistics the batch was collected with (PAAC
 A2C backpropagates through the acting forwards themselves; PPO's first
 epoch starts at ratio 1), and the next forwards use the new ones.
-Checkpoints are written atomically (temp file, fsync, rename) and loaded
-with ``torch.load(weights_only=True)``: nothing from disk is ever unpickled.
+
+A non-finite loss or gradient norm (a NaN from the env, an exploding
+update) skips the optimizer step: the parameters, the optimizer state and
+``version`` stay as they were, and ``skipped_updates`` counts it. A batch
+on which every step was skipped is a bad batch; ``MAX_BAD_BATCHES`` in a
+row stop the run (``RunFailure``, naming the loss or the gradient, the
+loss terms and the batch fields that were not finite). Checkpoints are
+never written from non-finite parameters, written atomically
+(``conveyor/files.py``) and loaded with ``torch.load(weights_only=True)``:
+nothing from disk is ever unpickled. A resumed run takes the newest
+checkpoint that loads (``load_latest_checkpoint``).
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
-import os
+import math
+import re
+import shutil
+import sys
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,7 +37,15 @@ import torch
 from torch import Tensor, nn
 
 from conveyor.config import RunCfg
-from conveyor.storage.rollout import env_columns
+from conveyor.errors import RunFailure
+from conveyor.files import atomic_write
+from conveyor.storage.rollout import env_columns, step_samples
+
+MAX_BAD_BATCHES = 5
+"""Batches in a row whose every update was skipped as non-finite before the run stops. More than one, so a
+single bad batch (one env's transient NaN, one outlier) costs only itself; few, because a cause that persists
+(an env that returns NaN from now on, parameters that no update can fix) would otherwise burn the rest of the
+run's time learning nothing."""
 
 
 class CheckpointError(RuntimeError):
@@ -60,6 +82,15 @@ class Learner:
         self.max_grad_norm = cfg.algo.max_grad_norm
         self.obs_normalizer = getattr(self.model, "obs_normalizer", None)  # None: the model keeps no statistics
         self.version = 0
+        self.skipped_updates = 0  # optimizer steps skipped as non-finite, over the run (kept in checkpoints)
+        self._nonfinite = ""  # why the gradients computed last may not be applied ("" when they may)
+        self._batch_stepped = False  # whether any step on the current batch was applied
+        self._bad_batches = 0  # in a row
+
+    def set_lr(self, lr: float) -> None:
+        """The learning rate of every later step (a schedule's; saved with the optimizer in checkpoints)."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
 
     def forward(self, batch: dict[str, Tensor]) -> Any:
         return self.model(batch["obs"])
@@ -78,19 +109,43 @@ class Learner:
         values = {k: float(v) for k, v in metrics.items() if v.dim() == 0}
         values["loss"] = float(loss.detach())
         values["grad_norm"] = grad_norm
+        finite = math.isfinite(values["loss"]) and math.isfinite(grad_norm)
+        self._nonfinite = "" if finite else nonfinite_cause(values, batch)
         return values, grad_norm
 
+    @property
+    def nonfinite(self) -> bool:
+        """Whether the gradients computed last are not finite (``apply_gradients`` skips them)."""
+        return bool(self._nonfinite)
+
     def apply_gradients(self, observations: Tensor | None = None) -> None:
-        """Step the optimizer, increment ``version``, then ``observe(observations)`` (the observations of the
-        batch the gradients came from; None while more steps on the same batch follow)."""
-        self.optimizer.step()
-        self.version += 1
+        """Step the optimizer and increment ``version``, unless the gradients are not finite (then count a skipped
+        update); ``observations``, the observations of the batch the gradients came from (None while more steps
+        on the same batch follow), end the batch: ``end_batch(observations)``."""
+        if self._nonfinite:
+            self.skipped_updates += 1
+        else:
+            self.optimizer.step()
+            self.version += 1
+            self._batch_stepped = True
         if observations is not None:
-            self.observe(observations)
+            self.end_batch(observations)
+
+    def end_batch(self, observations: Tensor) -> None:
+        """After the last step on a batch: stop the run (``RunFailure``) at ``MAX_BAD_BATCHES`` batches in a row
+        whose every step was skipped; else ``observe(observations)``."""
+        self._bad_batches = 0 if self._batch_stepped else self._bad_batches + 1
+        self._batch_stepped = False
+        if self._bad_batches >= MAX_BAD_BATCHES:
+            raise RunFailure(f"{self._bad_batches} batches in a row gave a non-finite {self._nonfinite}, so their "
+                             f"updates were skipped ({self.skipped_updates} in all; the parameters and checkpoints "
+                             "stay finite): check the env's observations and rewards for NaN/inf, or lower --lr")
+        self.observe(observations)
 
     def observe(self, observations: Tensor) -> None:
-        """Fold ``observations`` into the model's input statistics (once per batch; see the module docstring)."""
-        if self.obs_normalizer is not None:
+        """Fold ``observations`` into the model's input statistics (once per batch; see the module docstring).
+        A batch holding NaN/inf is left out: it would make the statistics, and every forward after, NaN."""
+        if self.obs_normalizer is not None and bool(torch.isfinite(observations).all()):
             self.obs_normalizer.update(observations)
 
     def update(self, batch: dict[str, Tensor], model_out: Any = None) -> dict[str, float]:
@@ -100,26 +155,37 @@ class Learner:
         return metrics
 
     def update_epochs(self, batch: dict[str, Tensor], epochs: int, minibatches: int,
-                      generator: torch.Generator | None = None) -> dict[str, float]:
-        """``epochs`` passes over ``batch``, each split into ``minibatches`` random groups of env columns
-        (time order kept); one optimizer step per minibatch. A2C is ``epochs = minibatches = 1``."""
+                      generator: torch.Generator | None = None, steps: bool = False) -> dict[str, float]:
+        """``epochs`` passes over ``batch``, each split into ``minibatches`` random groups; one optimizer step
+        per minibatch. A group is a set of env columns (time order kept), or with ``steps`` a set of single
+        steps drawn from all of T x B as a ``[1, N]`` batch (feed-forward models, a batch whose per-step
+        targets are fixed: ``algos.ppo.with_targets``), as CleanRL and SB3 sample PPO minibatches.
+        A2C is ``epochs = minibatches = 1``."""
         if epochs == 1 and minibatches == 1:
             return self.update(batch)
-        num_envs = batch["rewards"].shape[1]
-        if num_envs < minibatches:
-            raise ValueError(f"{minibatches} minibatches need at least as many envs, got {num_envs}: "
-                             "lower --ppo-minibatches or raise --num-envs")
+        T, num_envs = batch["rewards"].shape[:2]
+        groups = T * num_envs if steps else num_envs
+        if groups < minibatches:
+            raise ValueError(f"{minibatches} minibatches need at least as many {'steps' if steps else 'envs'}, got "
+                             f"{groups}: lower --ppo-minibatches or raise --num-envs")
+        device = batch["rewards"].device
         metrics: dict[str, float] = {}
         for _ in range(epochs):
-            order = torch.randperm(num_envs, generator=generator)
-            for columns in order.chunk(minibatches):
-                metrics, _ = self.compute_gradients(env_columns(batch, columns.to(batch["rewards"].device)))
+            order = torch.randperm(groups, generator=generator).to(device)
+            for group in order.chunk(minibatches):
+                minibatch = step_samples(batch, group) if steps else env_columns(batch, group)
+                metrics, _ = self.compute_gradients(minibatch)
                 self.apply_gradients()
-        self.observe(batch["obs"])
+        self.end_batch(batch["obs"])
         return metrics
 
     def param_sha256(self) -> str:
         return param_sha256(self.model)
+
+    def nonfinite_parameters(self) -> list[str]:
+        """Names of the model's parameters and buffers that hold NaN or inf."""
+        return [name for name, tensor in self.model.state_dict().items()
+                if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
 
     # ---- checkpoints ---------------------------------------------------------------------
     def state(self, **extra: Any) -> dict[str, Any]:
@@ -127,10 +193,18 @@ class Learner:
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "version": self.version,
+            "skipped_updates": self.skipped_updates,
             **extra,
         }
 
     def save(self, path: Path, **extra: Any) -> None:
+        """Write a checkpoint (``save_checkpoint``); refused (``RunFailure``) while a parameter is not finite, so
+        the finite checkpoints already on disk stay the newest."""
+        bad = self.nonfinite_parameters()
+        if bad:
+            raise RunFailure(f"parameters {', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''} are not finite, so "
+                             f"checkpoint {path} was not written (the earlier ones hold finite parameters): "
+                             "lower --lr, or check the env's observations and rewards for NaN/inf")
         save_checkpoint(path, self.state(**extra))
 
     def load(self, path: Path) -> dict[str, Any]:
@@ -145,46 +219,125 @@ class Learner:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
             self.version = int(state["version"])
+            self.skipped_updates = int(state.get("skipped_updates", 0))
         except (KeyError, RuntimeError, ValueError) as error:
             first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise CheckpointError(f"checkpoint {path} does not fit this model ({first_line}): "
                                   "resume with the same --env and --model as the original run") from None
 
 
+def nonfinite_cause(values: dict[str, float], batch: dict[str, Any]) -> str:
+    """What was not finite in an update (its ``compute_gradients`` metrics): the loss and which of its terms,
+    else the gradient norm; and the float fields of ``batch`` that hold NaN/inf (where it came from)."""
+    if math.isfinite(values["loss"]):
+        cause = f"gradient norm ({values['grad_norm']})"
+    else:
+        terms = [name for name, value in values.items()
+                 if name not in ("loss", "grad_norm") and not math.isfinite(value)]
+        cause = f"loss ({values['loss']}{'; terms ' + ', '.join(terms) if terms else ''})"
+    inputs = [name for name, value in batch.items() if isinstance(value, Tensor) and value.is_floating_point()
+              and not bool(torch.isfinite(value).all())]
+    return cause + (f" from a batch whose {', '.join(inputs)} held NaN/inf" if inputs else "")
+
+
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
-    """Write ``state`` atomically: a crash leaves either the old file or the new one, never half of one."""
+    """Write ``state`` atomically (``conveyor/files.py``): a crash leaves either the old file or the new one,
+    never half of one. A write that fails (a full disk) leaves no temp file and stops the run with one line
+    (``RunFailure``): for a full disk, the directory, its free space and the space the checkpoint needs."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_write(path) as f:
+            torch.save(state, f)
+    except OSError as error:
+        if error.errno in (errno.ENOSPC, errno.EDQUOT):
+            counter = _ByteCounter()
+            torch.save(state, counter)
+            raise RunFailure(f"no space left for checkpoint {path.name} in {path.parent}: "
+                             f"{_mib(shutil.disk_usage(path.parent).free)} free, it needs {_mib(counter.size)}; "
+                             "free space on that disk and continue with --resume") from None
+        raise RunFailure(f"cannot write checkpoint {path} ({error.strerror or error}): make "
+                         f"{path.parent} writable and continue with --resume") from None
+
+
+class _ByteCounter:
+    """A write-only file that only counts bytes: the size of a checkpoint that did not fit on the disk."""
+
+    def __init__(self) -> None:
+        self.size = 0
+
+    def write(self, data: bytes) -> int:
+        self.size += len(data)
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+
+def _mib(size: int) -> str:
+    return f"{size / 2**20:.1f} MiB"
 
 
 def load_checkpoint(path: Path, device: torch.device | str = "cpu") -> dict[str, Any]:
+    """The state of checkpoint ``path``, read without unpickling anything; a ``CheckpointError`` says in one
+    line what is wrong with the file."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise CheckpointError(f"checkpoint {path} not found: pass a run directory that has checkpoints/*.pt")
-    try:
-        state = torch.load(path, map_location=device, weights_only=True)
-    except Exception as error:  # torch raises many types for corrupt zips and refused globals
-        reason = str(error).strip().splitlines()[0][:160] if str(error).strip() else type(error).__name__
-        raise CheckpointError(f"checkpoint {path} is corrupt or not a conveyor checkpoint ({reason}): "
-                              "delete it to fall back to an earlier one, or start a new run") from None
-    if not isinstance(state, dict) or "model" not in state:
-        raise CheckpointError(f"checkpoint {path} is not a conveyor checkpoint: start a new run")
+    state, problem = _read_checkpoint(path, device)
+    if problem:
+        raise CheckpointError(f"checkpoint {path} {problem}: delete it to fall back to an earlier one, or start a "
+                              "new run")
     return state
 
 
-def latest_checkpoint(run_dir: Path) -> Path:
-    ckpts = sorted(Path(run_dir).glob("checkpoints/*.pt"))
-    if not ckpts:
+def load_latest_checkpoint(run_dir: Path | str, device: torch.device | str = "cpu") -> tuple[Path, dict[str, Any]]:
+    """The newest checkpoint of ``run_dir`` that loads, and its state. Each newer one that does not (truncated,
+    tampered with, a directory in its place) is skipped with one line on stderr naming it and why; temp files
+    of interrupted writes never match. None that loads is a ``CheckpointError`` naming the newest."""
+    paths = sorted(Path(run_dir).glob("checkpoints/ckpt-*.pt"), reverse=True)
+    if not paths:
         raise CheckpointError(f"no checkpoints in {run_dir}/checkpoints: pass the --out DIR of an earlier run")
-    return ckpts[-1]
+    problems = []
+    for path in paths:
+        state, problem = _read_checkpoint(path, device)
+        if not problem:
+            for skipped, why in problems:
+                print(f"conveyor: skipped checkpoint {skipped}: it {why}; resuming from {path.name}", file=sys.stderr)
+            return path, state
+        problems.append((path, problem))
+    older = f" (and so do the {len(paths) - 1} older ones)" if len(paths) > 1 else ""
+    raise CheckpointError(f"no usable checkpoint in {run_dir}/checkpoints: the newest, {paths[0].name}, "
+                          f"{problems[0][1]}{older}: start a new run")
+
+
+def _read_checkpoint(path: Path, device: torch.device | str) -> tuple[dict[str, Any], str]:
+    """``(state, "")``, or ``({}, what is wrong with the file)``."""
+    if not path.is_file():
+        return {}, "is not a file"
+    try:
+        with warnings.catch_warnings():
+            # torch warns about the pickle protocol of files it is about to refuse: the refusal says it all.
+            warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.")
+            state = torch.load(path, map_location=device, weights_only=True)
+    except Exception as error:  # torch raises many types for corrupt zips and refused globals
+        return {}, f"is corrupt or not a conveyor checkpoint ({_load_failure(error)})"
+    if not isinstance(state, dict) or "model" not in state:
+        return {}, "is not a conveyor checkpoint (it holds no model)"
+    return state, ""
+
+
+def _load_failure(error: Exception) -> str:
+    """``torch.load``'s error in a few words: what a weights-only load refused to unpickle, else its first
+    sentence."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error)).strip()  # torch bolds part of it with terminal escapes
+    if text.startswith("Weights only load failed"):
+        # Keep what it refused; drop torch's advice (load with weights_only=False, allowlist the global): never safe.
+        detail = text.split("WeightsUnpickler error:", 1)[1] if "WeightsUnpickler error:" in text else (
+            text.split("\n\n", 1)[-1])
+        return f"a weights-only load refused it: {_first_sentence(detail.split('Check the documentation')[0])}"
+    return _first_sentence(text.splitlines()[0] if text else type(error).__name__)
+
+
+def _first_sentence(text: str) -> str:
+    return " ".join(text.split()).split(". ")[0].rstrip(".")

@@ -8,12 +8,14 @@ how one ended; a ``RestartBudget`` counts the restarts of dead children against 
 the run with one line when they are spent.
 
 Child side: ``child_prologue`` is the first thing every child's entry point runs (it ignores Ctrl-C, reads
-the spec, restores the parent's ``sys.path``); ``parent_gone`` tells a child whose pipes cannot show it that
-its parent has died.
+the spec, restores the parent's ``sys.path``, and ties the child's life to its parent's: ``die_with_parent``);
+``parent_gone`` tells a child whose pipes cannot show it that its parent has died (where the kernel cannot
+kill it with its parent).
 """
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import json
 import os
@@ -45,7 +47,8 @@ def start_child(entry: str, spec: Any, pass_fds: Sequence[int]) -> subprocess.Po
     JSON values, dataclasses, ``ArraySpec``s) or a JSON-ready dict. Unlike multiprocessing's spawn it never
     re-imports the parent's ``__main__`` (which may import torch), so a child starts in the time its own
     imports take. A child that dies before reading its spec is not an error here: its owner notices the
-    death the way it notices any other."""
+    death the way it notices any other. The child is killed when the thread that called this exits
+    (``die_with_parent``): start children from the thread that owns them for as long as they run."""
     fields = spec if isinstance(spec, dict) else {
         name: dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
         for name, value in spec._asdict().items()}
@@ -132,14 +135,16 @@ class RestartBudget:
 def child_prologue(spec_type: type | None = None) -> Any:
     """The start of every child's entry point: ignore Ctrl-C (it reaches the whole process group; the parent
     decides when its children stop), read the spec ``start_child`` wrote, restore the parent's ``sys.path``
-    (so env ids like ``pkg.module:Env-v0`` import the same modules) and remember the parent (``parent_gone``).
-    Returns the spec as a ``spec_type`` NamedTuple (an ``env_cfg`` field as an ``EnvCfg``, ``array_specs``
-    as ``ArraySpec``s, lists as tuples), or the dict as sent when ``spec_type`` is None."""
+    (so env ids like ``pkg.module:Env-v0`` import the same modules), remember the parent (``parent_gone``)
+    and die with it (``die_with_parent``). Returns the spec as a ``spec_type`` NamedTuple (an ``env_cfg``
+    field as an ``EnvCfg``, ``array_specs`` as ``ArraySpec``s, lists as tuples), or the dict as sent when
+    ``spec_type`` is None."""
     global _parent_pid
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     data = json.loads(sys.stdin.buffer.read())
     sys.path[:] = data["sys_path"]
     _parent_pid = data["parent_pid"]
+    die_with_parent(_parent_pid)
     fields = data["spec"]
     if spec_type is None:
         return fields
@@ -157,6 +162,20 @@ def child_prologue(spec_type: type | None = None) -> Any:
 def array_specs_from_json(rows: Iterable[Sequence[Any]]) -> tuple[ArraySpec, ...]:
     """``ArraySpec``s back from their JSON form (``[name, shape, dtype]`` lists)."""
     return tuple(ArraySpec(name, tuple(shape), dtype) for name, shape, dtype in rows)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Have the kernel SIGKILL this process when its parent dies (Linux ``PR_SET_PDEATHSIG``; elsewhere only
+    ``parent_gone`` tells), and exit now if ``parent_pid`` has already died. A child blocked where it cannot
+    look (an env stuck in C code or in a loop, a stopped process) thus never outlives a parent killed by
+    SIGKILL. The kernel tracks the parent *thread*: the one that started this process."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:  # it died before the signal was armed
+        os._exit(1)
 
 
 def parent_gone() -> bool:

@@ -8,6 +8,7 @@ returns ``run.finish(learner)``.
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import signal
 import sys
@@ -23,12 +24,14 @@ from torch import nn
 from conveyor import algos, presets
 from conveyor.config import ConfigError, RunCfg
 from conveyor.errors import WorkerFailure
-from conveyor.learner import Learner, LossFn, latest_checkpoint, load_checkpoint
+from conveyor.files import write_text_atomic
+from conveyor.learner import Learner, LossFn, load_latest_checkpoint
 from conveyor.telemetry import Telemetry
 
 
 def prepare_out_dir(cfg: RunCfg) -> Path:
-    """Create (or reuse, on resume) the output directory and check it is writable."""
+    """Create (or reuse, on resume) the output directory and check it is writable (``conveyor train --resume DIR``
+    sets ``out`` to DIR: a resumed run writes only there)."""
     if cfg.resume and not cfg.out:
         out = Path(cfg.resume)
     elif cfg.out:
@@ -39,9 +42,8 @@ def prepare_out_dir(cfg: RunCfg) -> Path:
         out = Path("runs") / f"{cfg.arch.name}-{cfg.algo.name}-{env_name}-s{cfg.seed}-{stamp}"
     try:
         (out / "checkpoints").mkdir(parents=True, exist_ok=True)
-        probe = out / ".write-test"
-        probe.write_text("ok")
-        probe.unlink()
+        write_text_atomic(out / ".write-test", "ok")  # exclusively created: a planted link is never followed
+        (out / ".write-test").unlink()
     except OSError as error:
         raise ConfigError(f"output dir {out} is not writable ({error.strerror}): pass --out a writable directory") from None
     return out
@@ -71,12 +73,19 @@ class Run:
     def __init__(self, cfg: RunCfg):
         self.cfg = cfg
         self.out = prepare_out_dir(cfg)
-        (self.out / "config.json").write_text(cfg.to_json())
         seed_everything(cfg.seed)
         torch.set_num_threads(cfg.learner_threads)
         # Read the checkpoint before any worker starts, so a bad one fails fast.
-        self.resume_path = latest_checkpoint(Path(cfg.resume)) if cfg.resume else None
-        self.resume_state: dict[str, Any] = load_checkpoint(self.resume_path) if self.resume_path else {}
+        self.resume_path: Path | None = None
+        self.resume_state: dict[str, Any] = {}
+        if cfg.resume:
+            self.resume_path, self.resume_state = load_latest_checkpoint(cfg.resume)
+        else:  # a resumed run's config.json is rewritten once its checkpoint has been restored (``learner``)
+            self._write_config()
+        # The checkpoints of this run that rotation may delete: never files it did not write (checkpoints/ may
+        # link to a directory that holds other runs' checkpoints). Inherited when the run goes on in place.
+        same_dir = bool(cfg.resume) and os.path.samefile(cfg.resume, self.out)
+        self._own_checkpoints: list[str] = list(self.resume_state.get("run_checkpoints", [])) if same_dir else []
         self.telemetry = Telemetry(self.out, log_interval_s=cfg.log_interval_s, progress=cfg.progress,
                                    total_steps=cfg.total_steps)
         self.stop_event = threading.Event()
@@ -139,8 +148,17 @@ class Run:
             learner.restore(state, self.resume_path)
             self.telemetry.resume_from(state)
             self._next_checkpoint = self.telemetry.env_steps + (self.cfg.checkpoint_every or 0)
+            self._write_config()
         self._learner = learner
         return learner
+
+    def _write_config(self) -> None:
+        path = self.out / "config.json"
+        try:
+            write_text_atomic(path, self.cfg.to_json())
+        except OSError as error:
+            raise ConfigError(f"cannot write {path} ({error.strerror or error}): pass --out a writable directory "
+                              "with free space") from None
 
     def save_with_checkpoints(self, state_fn: Any) -> None:
         """Add ``state_fn()`` (a dict of tensors, lists and numbers) to every checkpoint: what an architecture
@@ -157,6 +175,9 @@ class Run:
         """Record the update; write a periodic checkpoint when one is due (unless the architecture
         checkpoints at another point of its loop: ``checkpoint=False`` and ``checkpoint_if_due``)."""
         self.telemetry.add_update(metrics)
+        if self.cfg.algo.lr_schedule == "linear":
+            learner.set_lr(self.cfg.algo.lr * max(0.0, 1.0 - self.telemetry.env_steps / self.cfg.total_steps))
+        self.telemetry.gauge("skipped_updates", learner.skipped_updates)
         self.telemetry.maybe_log()
         if checkpoint:
             self.checkpoint_if_due(learner)
@@ -180,19 +201,28 @@ class Run:
 
     # ---- output --------------------------------------------------------------------------
     def checkpoint(self, learner: Learner, **extra: Any) -> Path:
+        """Write ``checkpoints/ckpt-<env steps>.pt``, then delete this run's checkpoints beyond the newest
+        ``keep_checkpoints`` (only ones it wrote: the list goes into each checkpoint)."""
         tel = self.telemetry
-        path = self.out / "checkpoints" / f"ckpt-{tel.env_steps:012d}.pt"
+        name = f"ckpt-{tel.env_steps:012d}.pt"
+        path = self.out / "checkpoints" / name
         if self._resume_state_fn is not None:
             extra = {**self._resume_state_fn(), **extra}
-        learner.save(path, **tel.saved_counters(), **extra)
-        periodic = sorted((self.out / "checkpoints").glob("ckpt-*.pt"))
-        for old in periodic[: max(0, len(periodic) - self.cfg.keep_checkpoints)]:
-            old.unlink()
+        names = [old for old in self._own_checkpoints if old != name] + [name]
+        kept, rotated = names[-self.cfg.keep_checkpoints:], names[: -self.cfg.keep_checkpoints]
+        learner.save(path, **tel.saved_counters(), **extra, run_checkpoints=kept)
+        for old in rotated:
+            (self.out / "checkpoints" / old).unlink(missing_ok=True)
+        self._own_checkpoints = kept
         return path
 
     def finish(self, learner: Learner, **extra: Any) -> dict[str, Any]:
         """Final checkpoint, summary.json; returns the summary."""
         self.checkpoint(learner)
+        if learner.skipped_updates:
+            print(f"conveyor: warning: {learner.skipped_updates} updates were skipped because their loss or "
+                  "gradients were not finite (skipped_updates in summary.json): check the env's observations and "
+                  "rewards for NaN/inf, or lower --lr", file=sys.stderr)
         self.telemetry.maybe_log(force=True)
         summary = self.telemetry.summary(
             arch=self.cfg.arch.name,
@@ -202,6 +232,7 @@ class Run:
             param_sha256=learner.param_sha256(),
             learner_version=learner.version,
             stop_reason=self.stop_reason or "finished",
+            skipped_updates=learner.skipped_updates,
             out=str(self.out),
             **extra,
         )

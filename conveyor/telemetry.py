@@ -18,7 +18,6 @@ import contextlib
 import csv
 import json
 import math
-import os
 import sys
 import threading
 import time
@@ -27,6 +26,8 @@ from typing import Any, Iterator
 
 import numpy as np
 import torch
+
+from conveyor.files import atomic_write
 
 # The time-split buckets every architecture reports (PAAC paper fig. 2).
 TIME_BUCKETS = ("env", "act", "learn", "wait")
@@ -266,12 +267,10 @@ class MetricsCsv:
             csv.DictWriter(f, self.columns).writerow(row)
 
     def _rewrite(self, rows: list[dict[str, str]]) -> None:
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        with open(tmp, "w", newline="") as f:
+        with atomic_write(self.path, text=True) as f:
             writer = csv.DictWriter(f, self.columns)
             writer.writeheader()
             writer.writerows(rows)
-        os.replace(tmp, self.path)
 
 
 def read_metrics(path: Path) -> tuple[list[str], list[dict[str, str]]]:
@@ -291,12 +290,8 @@ def read_metrics(path: Path) -> tuple[list[str], list[dict[str, str]]]:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    tmp = Path(f"{path}.tmp")
-    with open(tmp, "w") as f:
+    with atomic_write(path, text=True) as f:
         json.dump(data, f, indent=2, sort_keys=True, default=_json_default)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _json_default(value: Any) -> Any:

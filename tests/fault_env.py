@@ -4,11 +4,15 @@
   (conveyor seeds every episode, ``conveyor.envs.episode_seed``) and the step ``t`` within the episode, in
   small exact floats so any model can eat them. Worker processes import this module by name (gymnasium's
   ``module:id`` form).
+- ``HANGING_ID``: the tagged env, except that it hangs in ``step`` once it has taken a given number of steps
+  (one env, every env, or the first few of a run; for ``EnvCfg.env_step_timeout_s``).
 - ``BatchRecorder``: records the tags of every transition the learner computes gradients on.
 - ``check_transitions``: asserts no transition was trained on twice and none is missing inside an episode.
 - ``kill_child``: SIGKILLs a child process of this one (an env worker, executor, agent or actor) mid-run.
 - ``train_killing_one``: a run in this process whose ``match`` child is killed after some updates; checks that
   it was killed, restarted once, and that the run still reached its step count.
+- ``NAN_ID``: CartPole whose observations turn NaN after ``nan_after`` steps (``--env-arg nan_after=N``): an env
+  that breaks mid-run.
 """
 
 from __future__ import annotations
@@ -57,6 +61,68 @@ class TaggedEnv(gym.Env):
 
 
 gym.register("Tagged-v0", entry_point=TaggedEnv)
+
+NAN_ID = "tests.fault_env:NanAfter-v0"
+
+
+class NanAfterEnv(gym.Wrapper):
+    """CartPole-v1 whose observations are NaN from its ``nan_after + 1``-th step on (counted over its episodes)."""
+
+    def __init__(self, nan_after: int = 100) -> None:
+        super().__init__(gym.make("CartPole-v1"))
+        self.nan_after, self.steps = nan_after, 0
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.steps += 1
+        if self.steps > self.nan_after:
+            obs = np.full_like(obs, np.nan)
+        return obs, reward, terminated, truncated, info
+
+
+gym.register("NanAfter-v0", entry_point=NanAfterEnv)
+
+HANGING_ID = "tests.fault_env:Hanging-v0"
+
+
+class HangingEnv(TaggedEnv):
+    """A ``TaggedEnv`` whose ``hang_at``-th step (counted from its construction) sleeps ``hang_s`` seconds
+    before it returns. ``hang_home``: only the env made with this seed hangs (``make_env`` gives vector env i
+    ``seed + i``; -1: every env). With ``marker``, only the first ``hangs`` envs of the run to get there hang,
+    each creating one of the files ``marker.0``, ``marker.1``, ...; the others (a restarted worker's) go on."""
+
+    def __init__(self, hang_at: int = 1, hang_s: float = 3600.0, hang_home: int = -1, marker: str = "",
+                 hangs: int = 1) -> None:
+        super().__init__()
+        self.hang_at, self.hang_s, self.hang_home = hang_at, hang_s, hang_home
+        self.marker, self.hangs = marker, hangs
+        self.home: int | None = None
+        self.steps = 0
+
+    def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[np.ndarray, dict]:
+        if self.home is None:
+            self.home = seed
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
+        self.steps += 1
+        if self.steps == self.hang_at and self.hang_home in (-1, self.home) and self._may_hang():
+            time.sleep(self.hang_s)
+        return super().step(action)
+
+    def _may_hang(self) -> bool:
+        if not self.marker:
+            return True
+        for k in range(self.hangs):
+            try:
+                os.close(os.open(f"{self.marker}.{k}", os.O_CREAT | os.O_EXCL))
+                return True
+            except FileExistsError:
+                continue
+        return False
+
+
+gym.register("Hanging-v0", entry_point=HangingEnv)
 
 
 def tags(obs: Any) -> np.ndarray:

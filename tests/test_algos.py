@@ -123,6 +123,44 @@ def test_ppo_handles_any_minibatch_of_env_columns():
     assert torch.isfinite(loss)
 
 
+def test_ppo_with_fixed_targets_equals_ppo_with_its_own_gae_and_trains_on_scattered_steps():
+    """``with_targets`` computes once what the loss would; a [1, N] batch of single steps then needs no time axis."""
+    from conveyor.algos.ppo import with_targets
+    from conveyor.storage.rollout import step_samples
+
+    model, batch = make_case("ppo")
+    batch["valid"] = torch.ones_like(batch["rewards"], dtype=torch.bool)
+    loss_fn = make_loss(run_cfg("ppo"))
+    own, own_metrics = loss_fn(model(batch["obs"]), batch)
+    fixed = with_targets(batch, run_cfg("ppo").algo.gae_lambda)
+    loss, metrics = loss_fn(model(fixed["obs"]), fixed)
+    assert loss.item() == pytest.approx(own.item(), rel=1e-6)
+    assert metrics["value_loss"].item() == pytest.approx(own_metrics["value_loss"].item(), rel=1e-6)
+    # Every step once, scattered: the loss of the whole [1, T*B] sample set equals the column batch's.
+    steps = step_samples(fixed, torch.randperm(T * B))
+    assert steps["obs"].shape[:2] == (1, T * B) and steps["advantages"].shape == (1, T * B)
+    scattered, scattered_metrics = loss_fn(model(steps["obs"]), steps)
+    assert scattered.item() == pytest.approx(own.item(), rel=1e-5)
+    assert scattered_metrics["approx_kl"].item() == pytest.approx(own_metrics["approx_kl"].item(), abs=1e-6)
+
+
+def test_vtrace_normalized_advantages_are_the_standardized_pg_advantages():
+    from conveyor.returns import vtrace
+
+    model, batch = make_case("vtrace", continuous=True)
+    out = model(batch["obs"])
+    _, plain = make_loss(run_cfg("vtrace", normalize_advantages=False))(out, batch)
+    _, normalized = make_loss(run_cfg("vtrace", normalize_advantages=True))(out, batch)
+    logp = out.time_slice(0, T).log_prob(batch["actions"])
+    values = out.value.detach()
+    advantages = vtrace(batch["behaviour_logp"], logp.detach(), batch["rewards"], batch["discounts"], values[:T],
+                        values[T]).pg_advantages
+    standardized = (advantages - advantages.mean()) / (advantages.std(correction=0) + 1e-8)
+    assert plain["policy_loss"].item() == pytest.approx(-(logp * advantages).mean().item(), rel=1e-5)
+    assert normalized["policy_loss"].item() == pytest.approx(-(logp * standardized).mean().item(), rel=1e-5)
+    assert normalized["value_loss"].item() == pytest.approx(plain["value_loss"].item())  # targets unchanged
+
+
 def test_impact_ratio_kinds_and_kl_penalty():
     model, batch = make_case("impact")
     batch["target_logp"][:2] -= 2.0  # the target makes early actions unlikely: pi_worker / pi_target > rho there

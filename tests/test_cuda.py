@@ -13,7 +13,7 @@ import torch
 
 import conveyor
 from conveyor.config import AlgoCfg, ArchCfg, EnvCfg, ModelCfg, RunCfg
-from conveyor.learner import latest_checkpoint, load_checkpoint
+from conveyor.learner import load_latest_checkpoint
 from conveyor.models import make_model
 from tests.test_telemetry import NORMALIZED, RUNS
 
@@ -39,7 +39,7 @@ def test_trains_on_cuda_and_resumes_on_the_cpu_and_back(tmp_path, name):
                  torch_threads=1, seed=1, device="cuda")
     on_cuda = conveyor.train(cfg)
     assert on_cuda["updates"] >= 1 and on_cuda["env_steps"] >= 1000
-    saved = load_checkpoint(latest_checkpoint(tmp_path / "run"))
+    saved = load_latest_checkpoint(tmp_path / "run")[1]
     assert all(tensor.device.type == "cpu" for tensor in saved["model"].values())  # loaded for any device
     on_cpu = conveyor.train(dataclasses.replace(cfg, device="cpu", total_steps=2000, resume=out))
     assert on_cpu["env_steps"] >= 2000 and on_cpu["learner_version"] > on_cuda["learner_version"]

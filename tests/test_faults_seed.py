@@ -58,14 +58,14 @@ def test_steps_count_when_their_unroll_reaches_the_sink_and_dropped_ones_apart(o
 class Server:
     """An in-process SEED server wired as ``architectures.seed`` wires it (expected envs, late streams)."""
 
-    def __init__(self, tmp_path, timeout_s=0.002, base_seed=0, name="s.sock"):
+    def __init__(self, tmp_path, timeout_s=0.002, base_seed=0, name="s.sock", idle_timeout_s=30.0):
         self.stats = InferenceStats()
         self.inference = CentralInference(EchoPolicy(), FieldSpec((2,), torch.float32, "obs"), 5, 0.9,
                                           lambda slot, u: None, stats=self.stats)
         self.batcher = Batcher(self.inference.process, 64, timeout_s, stats=self.stats)
         self.server = SeedServer(self.batcher, self.inference.release, listen=f"unix:{tmp_path}/{name}", token=TOKEN,
                                  env_config_json="{}", obs_shape=(2,), obs_dtype=np.float32, base_seed=base_seed,
-                                 max_message_bytes=1 << 16, stats=self.stats)
+                                 max_message_bytes=1 << 16, stats=self.stats, idle_timeout_s=idle_timeout_s)
         self.batcher.expected_rows = lambda: self.server.expected_envs
         self.batcher.on_timeout = self.server.mark_late
         self.address = self.server.start()
@@ -93,9 +93,8 @@ def test_env_seeds_follow_slot_blocks_and_differ_in_every_life(tmp_path):
         server.close()
 
 
-def test_a_stalled_stream_costs_one_timeout_and_is_closed_at_the_idle_deadline(tmp_path, monkeypatch):
-    monkeypatch.setattr(seed_server, "IDLE_TIMEOUT_S", 1.0)
-    server = Server(tmp_path, timeout_s=0.3)
+def test_a_stalled_stream_costs_one_timeout_and_is_closed_at_the_idle_deadline(tmp_path):
+    server = Server(tmp_path, timeout_s=0.3, idle_timeout_s=1.0)
     try:
         good, stalled = Client(server.address), Client(server.address)
         assert stalled.send([[1, 0], [2, 0]]).tolist() == [1, 2]  # ... and then it sends nothing more
@@ -115,7 +114,7 @@ def test_a_stalled_stream_costs_one_timeout_and_is_closed_at_the_idle_deadline(t
         stepping = threading.Thread(target=keep_stepping)
         stepping.start()
         try:
-            with pytest.raises(grpc.RpcError) as closed:  # the learner gives up on it after IDLE_TIMEOUT_S
+            with pytest.raises(grpc.RpcError) as closed:  # the learner gives up on it after idle_timeout_s
                 next(stalled.replies)
             assert closed.value.code() == grpc.StatusCode.CANCELLED
             wait_until(lambda: server.stats.actors_connected == 1, what="the stalled stream's release")

@@ -12,7 +12,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "conveyor"
 SHARED = ("conveyor.envs", "conveyor.storage", "conveyor.models", "conveyor.returns", "conveyor.losses",
-          "conveyor.algos", "conveyor.procs", "conveyor.config", "conveyor.presets", "conveyor.errors")
+          "conveyor.algos", "conveyor.procs", "conveyor.config", "conveyor.presets", "conveyor.errors",
+          "conveyor.files")
 UPPER = ("conveyor.architectures", "conveyor.run", "conveyor.learner", "conveyor.cli", "conveyor.bench",
          "conveyor.telemetry", "conveyor.evaluate")
 

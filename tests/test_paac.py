@@ -60,6 +60,21 @@ def test_paac_ppo_runs_epochs_and_minibatches(tmp_path):
     assert {"ratio_mean", "clip_fraction", "approx_kl"} <= set(summary["last_metrics"])
 
 
+@pytest.mark.parametrize("schedule", ["constant", "linear"])
+def test_lr_schedule_sets_the_rate_from_the_env_steps(tmp_path, schedule):
+    """``linear``: lr * (1 - steps / total_steps) after each update (half at mid-run, 0 at the budget);
+    ``constant`` keeps lr. The checkpoints carry the rate in the optimizer state."""
+    from conveyor.learner import load_checkpoint
+
+    total = 16 * 5 * 6
+    cfg = paac_cfg(tmp_path, algo=AlgoCfg(name="a2c", lr=0.01, lr_schedule=schedule), total_steps=total,
+                   arch=ArchCfg(name="paac", unroll=5), checkpoint_every=total // 2)
+    assert conveyor.train(cfg)["env_steps"] == total
+    checkpoints = sorted((tmp_path / "run" / "checkpoints").glob("ckpt-*.pt"))
+    rates = [load_checkpoint(path)["optimizer"]["param_groups"][0]["lr"] for path in checkpoints]
+    assert rates == ([0.005, 0.0] if schedule == "linear" else [0.01, 0.01])
+
+
 def test_resume_continues_counters_and_parameters(tmp_path):
     first = conveyor.train(paac_cfg(tmp_path, total_steps=2000))
     resumed = conveyor.train(paac_cfg(tmp_path, total_steps=4000, resume=first["out"], out=""))

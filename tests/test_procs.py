@@ -1,5 +1,5 @@
 """conveyor.procs: children start with a JSON spec, are reaped within one grace period (killed past it), say
-how they ended, notice a dead parent, and restarts are counted against one budget that stops with one line."""
+how they ended, die with their parent, and restarts are counted against one budget that stops with one line."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import os
 import select
 import signal
 import subprocess
+import time
 
 import numpy as np
 import pytest
@@ -65,6 +66,15 @@ def read_until_eof(fd: int) -> bytes:
             os.close(fd)
             return data
         data += chunk
+
+
+def process_state(pid: int) -> str:
+    """The state letter of process ``pid`` (``Z``: a zombie), or ``gone``."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
 
 
 def start_waiting_child() -> tuple[subprocess.Popen, int]:
@@ -127,18 +137,27 @@ def test_reap_kills_a_child_that_outlives_the_grace_period(monkeypatch):
     assert procs.exit_reason(process.returncode) == "killed by signal SIGKILL"
 
 
-def test_a_child_notices_that_its_parent_died():
-    """A child starts a grandchild and exits; the grandchild polls ``parent_gone`` until it turns true and
-    says so down a pipe the test holds."""
-    grandchild = ("import os, time\nfrom conveyor.procs import child_prologue, parent_gone\nspec = child_prologue()\n"
-                  "while not parent_gone():\n    time.sleep(0.01)\nos.write(spec['fd'], b'orphaned')\n")
+@pytest.mark.parametrize("stuck", ["time.sleep(600)", "while True: pass",
+                                   "os.kill(os.getpid(), signal.SIGSTOP)"])
+def test_a_child_dies_with_its_parent_even_stuck_where_it_cannot_look(stuck):
+    """A child starts a grandchild that arms its parent-death signal, says so, and gets stuck (in a C call, in
+    Python code, stopped); the child exits. The grandchild must die: the pipe it holds reaches end of file."""
+    grandchild = ("import os, signal, time\nfrom conveyor.procs import child_prologue\nspec = child_prologue()\n"
+                  "os.write(spec['fd'], str(os.getpid()).encode())\nos.write(spec['ready'], b'r')\n"
+                  f"{stuck}\n")
     child = ("import os\nfrom conveyor.procs import child_prologue, start_child\nspec = child_prologue()\n"
-             f"start_child({grandchild!r}, spec, (spec['fd'],))\n")
+             "ready_read, ready_write = os.pipe()\n"
+             f"start_child({grandchild!r}, {{'fd': spec['fd'], 'ready': ready_write}}, (spec['fd'], ready_write))\n"
+             "os.close(ready_write)\nos.read(ready_read, 1)\n")
     news_read, news_write = os.pipe()
     process = procs.start_child(child, {"fd": news_write}, (news_write,))
     os.close(news_write)
     assert process.wait() == 0
-    assert read_until_eof(news_read) == b"orphaned"
+    grandchild_pid = int(read_until_eof(news_read))  # end of file: the grandchild is exiting
+    deadline = time.monotonic() + PATIENCE_S
+    while process_state(grandchild_pid) not in ("gone", "Z") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert process_state(grandchild_pid) in ("gone", "Z")  # reaped, or dead and waiting for its reaper
     assert not procs.parent_gone()  # this process is no child started by start_child
 
 

@@ -104,12 +104,16 @@ def test_wire_round_trips_arrays_and_rejects_bad_ones():
         "unknown dtype": dict(message=seed_pb2.Array(dtype="nonsense", shape=[1], data=b"")),
         "a scalar": dict(message=seed_pb2.Array(dtype="<f4", shape=[], data=b"\0" * 4)),
         "invalid shape": dict(message=seed_pb2.Array(dtype="<f4", shape=[-1], data=b"")),
+        "x holds NaN or infinity": dict(finite=True, message=wire.encode(np.array([1, np.nan], np.float32),
+                                                                          seed_pb2.Array())),
     }
     for expected, kwargs in bad.items():
         with pytest.raises(wire.WireError, match=re.escape(expected)):
             wire.decode(kwargs.pop("message"), "x", **kwargs)
     with pytest.raises(wire.WireError):
         wire.encode(np.array(["text"]), seed_pb2.Array())
+    assert wire.decode(wire.encode(np.array([np.inf]), seed_pb2.Array()), "x").tolist() == [np.inf]  # unless asked
+    assert wire.decode(wire.encode(np.array([7]), seed_pb2.Array()), "x", finite=True).tolist() == [7]
 
 
 # ---- partial unrolls and the queue ---------------------------------------------------------------
@@ -309,10 +313,11 @@ CARTPOLE_JSON = json.dumps(dataclasses.asdict(EnvCfg(id="CartPole-v1")))
 
 
 class LiveServer:
-    """An in-process SEED server around a fake policy, as the learner wires it."""
+    """An in-process SEED server around a fake policy, as the learner wires it. ``also_unix``: it serves a unix
+    socket (``unix_address``) too, a second client 'host' beside a TCP ``listen``."""
 
     def __init__(self, tmp_path, *, obs_shape=(2,), unroll=5, listen="", max_message_bytes=1 << 16,
-                 env_json=CARTPOLE_JSON, tls=None):
+                 env_json=CARTPOLE_JSON, tls=None, also_unix=False):
         self.unrolls = []
         self.stats = InferenceStats()
         self.policy = EchoPolicy()
@@ -324,6 +329,9 @@ class LiveServer:
                                  base_seed=0, max_message_bytes=max_message_bytes, stats=self.stats,
                                  tls_cert=tls[0] if tls else "", tls_key=tls[1] if tls else "")
         self.batcher.expected_rows = lambda: self.server.open_envs
+        if also_unix:
+            self.unix_address = f"unix:{tmp_path}/also.sock"
+            self.server._server.add_insecure_port(self.unix_address)
         self.address = self.server.start()
 
     def close(self):
@@ -419,6 +427,11 @@ def test_malformed_or_oversized_steps_end_only_their_own_stream(live):
         "slots": dict(obs=[[1, 0], [2, 0]], env_ids=np.array([100, 101])),
         "final": dict(obs=[[1, 0], [2, 0]], truncated=np.array([True, False])),
         "nan": dict(obs=[[1, 0], [2, 0]], reward=np.array([np.nan, 0], np.float32)),
+        "nan observation": dict(obs=[[np.nan, 0], [2, 0]]),
+        "infinite observation": dict(obs=[[1, 0], [2, -np.inf]]),
+        "infinite final observation": dict(obs=[[1, 0], [2, 0]], truncated=np.array([True, False]),
+                                           final_observation=np.array([[np.inf, 0]], np.float32)),
+        "infinite return": dict(obs=[[1, 0], [2, 0]], episode_return=np.array([np.inf, np.nan], np.float32)),
     }
     for case, fields in bad_messages.items():
         bad = Client(live.address)
@@ -426,6 +439,7 @@ def test_malformed_or_oversized_steps_end_only_their_own_stream(live):
             bad.send(**fields)
         assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT, case
         assert "malformed Step" in error.value.details()
+        assert ("infinity" in error.value.details()) == case.startswith(("nan", "infinite")), case
         bad.close()
         assert good.send([[5, 0], [6, 0]]).tolist() == [5, 6]
     huge = Client(live.address)
@@ -598,6 +612,8 @@ def test_learner_with_two_external_actors_learns_cartpole(tmp_path):
     (["--lstm-size", "8"], "runs feed-forward models"),
     (["--listen", "nohostport"], "is not HOST:PORT or unix:PATH"),
     (["--token-file", "/nonexistent/token"], "cannot read token file"),
+    (["--num-envs", "300"], "would be refused by --max-actor-envs 256"),
+    (["--local-actors", "200"], "is more than one host may run"),
 ])
 def test_bad_seed_settings_are_one_line_and_exit_2(capsys, monkeypatch, tmp_path, args, message):
     from conveyor.cli import main

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conveyor.models import policy_family
-from conveyor.storage.rollout import ROLLOUT_FIELDS, RolloutStorage, env_columns
+from conveyor.storage.rollout import ROLLOUT_FIELDS, RolloutStorage, env_columns, step_samples
 from conveyor.storage.schema import (UINT8_MARKER, FieldSpec, RolloutSchema, action_field, fill_marker,
                                      observation_field, standard_fields)
 from conveyor.storage.shm import SharedArrays
@@ -45,6 +45,16 @@ def test_env_columns_keep_time_order():
     sub = env_columns(storage.batch(), torch.tensor([3, 1]))
     assert sub["obs"][..., 0].tolist() == [[3, 1], [7, 5], [11, 9]]
     assert sub["rewards"].shape == (2, 2)
+
+
+def test_step_samples_pick_single_steps_time_major_and_drop_the_bootstrap_row():
+    storage = rollout(2, 3, (1,))
+    storage.obs.copy_(torch.arange(9, dtype=torch.float32).view(3, 3, 1))  # obs[t, b] = 3 t + b
+    storage.rewards.copy_(torch.arange(6, dtype=torch.float32).view(2, 3))
+    sub = step_samples(storage.batch(), torch.tensor([5, 0, 3]))  # flat index t * B + b
+    assert sub["obs"][..., 0].tolist() == [[5, 0, 3]]  # obs[1, 2], obs[0, 0], obs[1, 0]; never row T = 2
+    assert sub["rewards"].tolist() == [[5, 0, 3]] and sub["valid"].shape == (1, 3)
+    assert sub["behaviour_value"].shape == (1, 3)
 
 
 def test_drop_step_masks_the_lost_step_and_bootstraps_the_steps_before_from_its_value():

@@ -10,7 +10,7 @@ import torch
 
 import conveyor
 from conveyor.config import AlgoCfg, ArchCfg, EnvCfg, ModelCfg, RunCfg
-from conveyor.learner import latest_checkpoint, load_checkpoint
+from conveyor.learner import load_latest_checkpoint
 from conveyor.telemetry import Telemetry, read_metrics
 
 
@@ -128,6 +128,6 @@ def test_every_architecture_writes_one_metrics_table_and_trains_its_input_statis
     # Returns stay in env units with normalize_reward: a CartPole episode scores 1 per step, 8 at least.
     assert summary["return_mean_last100"] >= 8.0 and summary["episodes"] > 0
     # The learner folded the observations into the model's statistics; the checkpoint carries them.
-    model = load_checkpoint(latest_checkpoint(tmp_path / "run"))["model"]
+    model = load_latest_checkpoint(tmp_path / "run")[1]["model"]
     assert float(model["obs_normalizer.count"]) > 0
     assert (model["obs_normalizer.var"] != 1.0).all() and (model["obs_normalizer.mean"] != 0.0).all()

@@ -5,8 +5,12 @@ Advantages come from the values recorded at acting time (``batch["behaviour_valu
 ``returns = advantages + behaviour_value[:T]`` are the value targets.
 ``loss = ppo_clip(exp(logp - behaviour_logp), A) + value_coef * value - entropy_coef * entropy``;
 advantages are normalized per call when ``cfg.algo.normalize_advantages``.
-Minibatching (by env columns) happens outside: any B works. Means run over
-``batch["valid"]`` when the batch has it (steps a dead worker lost are false).
+Minibatching happens outside (``Learner.update_epochs``): by env columns, any B
+works; by single steps (feed-forward models), the batch first gets its fixed
+targets from ``with_targets`` (``advantages``, ``returns`` ``[T, B]``), which the
+loss then uses instead of running GAE, since a minibatch of scattered steps has
+no time axis. Means run over ``batch["valid"]`` when the batch has it (steps a
+dead worker lost are false).
 """
 
 from __future__ import annotations
@@ -25,12 +29,13 @@ def make_loss(cfg: RunCfg) -> LossFn:
     algo = cfg.algo
 
     def loss_fn(model_out: ModelOut, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
-        T = rollout_length(model_out, batch)
         values = model_out.value
-        behaviour_value = batch_series(batch, "behaviour_value", values)
-        advantages = gae(batch_series(batch, "rewards", values), batch_series(batch, "discounts", values),
-                         behaviour_value[:T], behaviour_value[T], algo.gae_lambda)
-        returns = advantages + behaviour_value[:T]
+        if "advantages" in batch:  # fixed by with_targets (the batch may be scattered steps: [1, N])
+            advantages, returns = batch_series(batch, "advantages", values), batch_series(batch, "returns", values)
+            T = advantages.shape[0]
+        else:
+            T = rollout_length(model_out, batch)
+            advantages, returns = _targets(batch, values, algo.gae_lambda)
         valid = batch.get("valid")
         if algo.normalize_advantages:
             advantages = normalize_advantages(advantages, mask=valid)
@@ -49,3 +54,33 @@ def make_loss(cfg: RunCfg) -> LossFn:
             approx_kl=masked_mean(ratio - 1 - log_ratio, valid))
 
     return loss_fn
+
+
+def _targets(batch: dict[str, Tensor], like: Tensor, gae_lambda: float) -> tuple[Tensor, Tensor]:
+    """GAE advantages and value targets ``[T, B]`` from the acting-time values ``behaviour_value [T + 1, B]``."""
+    behaviour_value = batch_series(batch, "behaviour_value", like)
+    T = behaviour_value.shape[0] - 1
+    advantages = gae(batch_series(batch, "rewards", like), batch_series(batch, "discounts", like),
+                     behaviour_value[:T], behaviour_value[T], gae_lambda)
+    return advantages, advantages + behaviour_value[:T]
+
+
+def with_targets(batch: dict[str, Tensor], gae_lambda: float) -> dict[str, Tensor]:
+    """``batch`` plus its fixed PPO targets ``advantages`` and ``returns`` ``[T, B]`` (float32, detached): what
+    the loss needs once minibatches are single steps without a time axis (``Learner.update_epochs(steps=True)``)."""
+    with torch.no_grad():
+        advantages, returns = _targets(batch, batch["behaviour_value"].float(), gae_lambda)
+    return {**batch, "advantages": advantages, "returns": returns}
+
+
+def epoch_batch(cfg: RunCfg, recurrent: bool, batch: dict[str, Tensor]) -> tuple[dict[str, Tensor], bool]:
+    """What ``Learner.update_epochs`` trains on, and whether its minibatches are single steps (``steps``).
+
+    PPO with a feed-forward model draws minibatches of single steps from all of T x B, as CleanRL and SB3
+    do, so the batch gets its fixed targets first (``with_targets``); minibatches of whole env columns
+    would hold few, correlated trajectories (one env each, when there are as many minibatches as envs).
+    A recurrent model keeps env columns (its core needs the time order); other algorithms take one step.
+    """
+    if cfg.algo.name != "ppo" or recurrent:
+        return batch, False
+    return with_targets(batch, cfg.algo.gae_lambda), True

@@ -3,6 +3,9 @@
 A worker owns a contiguous slice of the vector env's envs. It reads one
 command byte from its command pipe, acts on the shared arrays and answers
 with one status byte on its reply pipe; no data travels through the pipes.
+Before every env call (make, reset, step) it stamps its ``heartbeat`` row
+with the time, so its owner can tell a hung env (or a stopped worker) from a
+slow one (``EnvCfg.env_step_timeout_s``).
 It runs as ``python -c "from conveyor.envs.shm_worker import main; main()"``
 and reads from stdin, once, the parent's ``sys.path`` (so ids like
 ``pkg.module:Env-v0`` import the same modules) and its ``WorkerSpec``, as
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import traceback
 from typing import Any, NamedTuple
 
@@ -55,6 +59,9 @@ def env_worker_layout(num_envs: int, num_workers: int, obs_space: Any, act_space
         ArraySpec("new_game", (num_envs,), "bool"),  # where an episode ended: did the reset begin a new game?
         ArraySpec("env_errors", (num_workers,), "int64"),
         ArraySpec("message", (num_workers, MESSAGE_BYTES), "uint8"),
+        # time.monotonic() (one clock for all processes) at which the worker last began an env call; 0 until it
+        # begins making its envs (starting Python and importing can take long on a busy machine: no timeout).
+        ArraySpec("heartbeat", (num_workers,), "float64"),
     ]
 
 
@@ -112,10 +119,18 @@ class EnvWorker:
         self.new_game = shared["new_game"][rows]
         self.env_errors = shared["env_errors"][spec.index:spec.index + 1]
         self.message = shared["message"][spec.index]
+        self.heartbeat = shared["heartbeat"][spec.index:spec.index + 1]
         self.obs_shape = self.obs.shape[1:]
         # Discrete actions go to envs as Python ints; others as arrays.
         self.int_actions = self.actions.ndim == 1 and self.actions.dtype.kind in "iu"
-        self.envs = [make_env(spec.env_cfg, spec.seed + spec.first_env + i, spec.gamma) for i in range(spec.num_envs)]
+        self.envs = []
+        for i in range(spec.num_envs):
+            self.beat()
+            self.envs.append(make_env(spec.env_cfg, spec.seed + spec.first_env + i, spec.gamma))
+
+    def beat(self) -> None:
+        """Say that an env call begins now (see ``env_worker_layout``)."""
+        self.heartbeat[0] = time.monotonic()
 
     def put(self, rows: np.ndarray, i: int, obs: Any) -> None:
         if np.shape(obs) != self.obs_shape:
@@ -129,6 +144,7 @@ class EnvWorker:
         """Reset env i with its next episode's seed (an Atari lost life continues the game instead)."""
         seed = episode_seed(self.spec.seed, self.spec.first_env + i, self.next_episode[i])
         self.next_episode[i] += 1
+        self.beat()
         return self.envs[i].reset(seed=seed)
 
     def rebuild(self, i: int, game_episode: int, actions: list, boundaries: list) -> Any:
@@ -136,6 +152,7 @@ class EnvWorker:
         target, self.next_episode[i] = self.next_episode[i], game_episode
         obs, _ = self.start_episode(i)
         for step, (action, boundary) in enumerate(zip(actions, boundaries)):
+            self.beat()
             obs, _, terminated, truncated, _ = self.envs[i].step(
                 action if self.int_actions else np.asarray(action, self.actions.dtype))
             if bool(terminated or truncated) != boundary:
@@ -169,7 +186,9 @@ class EnvWorker:
         key, put, obs_rows, final_rows = self.episode_key, self.put, self.obs, self.final_obs
         rewards, terminals, truncations = self.reward, self.terminated, self.truncated
         returns, lengths, new_games = self.episode_return, self.episode_length, self.new_game
+        heartbeat, clock = self.heartbeat, time.monotonic
         for i, env in enumerate(self.envs):
+            heartbeat[0] = clock()
             try:
                 obs, reward, terminated, truncated, info = env.step(actions[i])
             except Exception as exc:  # an env bug must not stop the run: reset it and let the master count it

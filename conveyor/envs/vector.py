@@ -17,12 +17,18 @@ the master but the memory block and two pipes, but they never re-import the
 master's ``__main__`` (which may import torch), so they start in the time
 numpy and gymnasium take to import. A worker whose pipe closes has died; the
 master notices at once (end of file on the reply pipe), or within
-``poll_interval_s`` by polling the process. With ``restart_workers`` it
-starts a replacement (up to ``cfg.max_restarts`` per vector env) whose envs
-begin their next episodes, and flags them in ``StepResult.restarted``: their
-step was lost. Otherwise, and past the limit, it raises ``WorkerFailure``
-naming the worker. With ``env_state`` (``EnvHistory.state()`` of an earlier
-run), the first ``reset`` replays every env to where that run stopped.
+``poll_interval_s`` by polling the process. A worker that owes a reply and
+has begun no env call for ``cfg.env_step_timeout_s`` since the command (or
+its last env call) went out is hung (an env stuck in a call, a stopped
+process): the master kills it and treats it as dead. With
+``restart_workers`` it starts a replacement (up to ``cfg.max_restarts`` per
+vector env) whose envs begin their next episodes, and flags them in
+``StepResult.restarted``: their step was lost. Otherwise, and past the
+limit, it raises ``WorkerFailure`` naming the worker. Once ``stop()`` turns
+true (the run was asked to stop), workers that have not answered within
+``CLOSE_GRACE_S`` are killed and ``WorkerFailure`` says so, whatever their
+envs do. With ``env_state`` (``EnvHistory.state()`` of an earlier run), the
+first ``reset`` replays every env to where that run stopped.
 
 Step semantics (both backends): see ``StepResult``.
 """
@@ -32,8 +38,9 @@ from __future__ import annotations
 import os
 import select
 import subprocess
+import time
 import weakref
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -56,7 +63,7 @@ from conveyor.envs.shm_worker import (
 )
 from conveyor.envs.vector_api import StepResult, VectorEnv
 from conveyor.storage.shm import SharedArrays
-from conveyor.procs import RestartBudget, close_children, exit_reason, reap, start_child
+from conveyor.procs import CLOSE_GRACE_S, RestartBudget, close_children, exit_reason, reap, start_child
 
 _WORKER_ENTRY = "from conveyor.envs.shm_worker import main; main()"
 _SUPPORTED_SPACES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
@@ -67,7 +74,8 @@ class ObsShapeError(WorkerFailure):
 
 
 def make_vector_env(cfg: EnvCfg, seed: int, *, gamma: float | None = None, copy: bool = True,
-                    restart_workers: bool = False, env_state: dict[str, Any] | None = None) -> VectorEnv:
+                    restart_workers: bool = False, env_state: dict[str, Any] | None = None,
+                    stop: Callable[[], bool] | None = None) -> VectorEnv:
     """``cfg.num_envs`` envs stepped together by ``cfg.backend`` (``shm`` or ``envpool``).
 
     Env i is seeded with ``seed + i``. ``step`` returns a ``StepResult``. With
@@ -75,8 +83,8 @@ def make_vector_env(cfg: EnvCfg, seed: int, *, gamma: float | None = None, copy:
     the next ``reset``/``step`` overwrites: use it when the caller copies
     the data out at once, to avoid allocating every step. ``gamma`` is the
     run's discount, which ``cfg.normalize_reward`` needs (``make_env``).
-    ``restart_workers`` and ``env_state``: see ``ShmVectorEnv`` (the ``shm``
-    backend only). Call ``close()`` (or use ``with``) when done; it also runs
+    ``restart_workers``, ``env_state`` and ``stop``: see ``ShmVectorEnv`` (the
+    ``shm`` backend only). Call ``close()`` (or use ``with``) when done; it also runs
     at interpreter exit.
     """
     if cfg.backend == "envpool":
@@ -84,7 +92,8 @@ def make_vector_env(cfg: EnvCfg, seed: int, *, gamma: float | None = None, copy:
             raise ConfigError("the envpool backend cannot rebuild its envs from a checkpoint: resume with "
                               "--env-backend shm")
         return EnvpoolVectorEnv(cfg, seed, copy=copy)
-    return ShmVectorEnv(cfg, seed, gamma=gamma, copy=copy, restart_workers=restart_workers, env_state=env_state)
+    return ShmVectorEnv(cfg, seed, gamma=gamma, copy=copy, restart_workers=restart_workers, env_state=env_state,
+                        stop=stop)
 
 
 class _Worker(NamedTuple):
@@ -112,8 +121,10 @@ class ShmVectorEnv:
     """B envs stepped in lockstep by worker processes over shared memory (see the module docstring)."""
 
     def __init__(self, cfg: EnvCfg, seed: int, *, gamma: float | None = None, copy: bool = True,
-                 poll_interval_s: float = 1.0, restart_workers: bool = False,
-                 env_state: dict[str, Any] | None = None) -> None:
+                 poll_interval_s: float = 0.2, restart_workers: bool = False,
+                 env_state: dict[str, Any] | None = None, stop: Callable[[], bool] | None = None) -> None:
+        """``stop``: polled while waiting for workers that are slow to answer; once it returns true, they get
+        ``CLOSE_GRACE_S`` more (see the module docstring)."""
         self.cfg = cfg
         self.seed = seed
         self.gamma = gamma
@@ -132,6 +143,11 @@ class ShmVectorEnv:
         self._actions = shared["actions"]
         self._env_errors = shared["env_errors"]
         self._new_game = shared["new_game"]
+        self._heartbeat = shared["heartbeat"]
+        self._sent_at = np.zeros(cfg.num_workers)
+        """When each worker was last sent a command (0: none since it started)."""
+        self._stop = stop
+        self._stop_seen = 0.0
         self._restarted = np.zeros(cfg.num_envs, bool)
         self._views = StepResult(shared["obs"], shared["reward"], shared["terminated"], shared["truncated"],
                                  shared["final_obs"], shared["episode_return"], shared["episode_length"],
@@ -232,6 +248,7 @@ class ShmVectorEnv:
         rows = slice(index * per_worker, (index + 1) * per_worker)
         command_read, command_write = os.pipe()
         reply_read, reply_write = os.pipe()
+        self._heartbeat[index] = self._sent_at[index] = 0.0  # no timeout until it begins making its envs
         replay = tuple(tuple(plan) for plan in self.history.replay_plan()[rows]) if self._replaying else ()
         spec = WorkerSpec(index, self.cfg, self.seed, self.gamma, index * per_worker, per_worker,
                           tuple(self.history.next_episode[rows].tolist()), replay, self._shared.specs,
@@ -248,9 +265,10 @@ class ShmVectorEnv:
         self._poller.register(reply_read, select.POLLIN)
         return worker
 
-    def _restart(self, worker: _Worker, action: str) -> None:
-        """Replace a dead worker; its envs start their next episodes (seeded) and are flagged ``restarted``."""
-        failure = self._died(worker, action)
+    def _restart(self, worker: _Worker, action: str, failure: Exception | None = None) -> None:
+        """Replace a dead worker (``failure``: how it ended, if not by itself); its envs start their next
+        episodes (seeded) and are flagged ``restarted``."""
+        failure = failure or self._died(worker, action)
         if not self.restart_workers:
             raise failure
         try:
@@ -265,7 +283,7 @@ class ShmVectorEnv:
         replacement = self._start_worker(worker.index)
         self._await_reply(replacement, "restarting")
         if action != "starting":  # it must answer the command the others are answering: reset its envs
-            os.write(replacement.command_fd, CMD_RESET)
+            self._command(replacement, CMD_RESET)
             self._await_reply(replacement, "restarting")
             self._restarted[replacement.first_env:replacement.first_env + replacement.num_envs] = True
 
@@ -274,6 +292,8 @@ class ShmVectorEnv:
         while not select.select([worker.reply_fd], [], [], self._poll_ms / 1000)[0]:
             if worker.process.poll() is not None:
                 break
+            if self._silent_too_long(worker):
+                raise self._hung(worker, action)
         reply = os.read(worker.reply_fd, 1)
         if not reply:
             raise self._died(worker, action)
@@ -293,14 +313,49 @@ class ShmVectorEnv:
         return self._fail(WorkerDied(f"{worker.describe()} of {self.cfg.id!r} died while {action} "
                                      f"({exit_reason(worker.process.returncode)}); see its output above"))
 
+    def _stopping_since(self) -> float:
+        """When ``stop()`` was first seen to hold (0: not yet)."""
+        if not self._stop_seen and self._stop is not None and self._stop():
+            self._stop_seen = time.monotonic()
+        return self._stop_seen
+
+    def _silent_too_long(self, worker: _Worker) -> bool:
+        """Whether ``worker``, which owes a reply, has begun no env call for ``cfg.env_step_timeout_s`` since
+        it was sent its command or began its last one (never while it starts Python and imports)."""
+        beat = self._heartbeat[worker.index]
+        timeout = self.cfg.env_step_timeout_s
+        return bool(timeout and beat and time.monotonic() - max(beat, self._sent_at[worker.index]) > timeout)
+
+    def _hung(self, worker: _Worker, action: str) -> Exception:
+        """Kill ``worker``, which is silent too long, and say so."""
+        worker.process.kill()
+        worker.process.wait()
+        timeout = self.cfg.env_step_timeout_s
+        return self._fail(WorkerDied(
+            f"{worker.describe()} of {self.cfg.id!r} hung while {action}: no env call began and no answer came "
+            f"for {timeout:g} s (--env-step-timeout-s; raise it if the env is that slow); killed it"))
+
+    def _abandon(self, workers: list[_Worker], action: str) -> Exception:
+        """Kill ``workers``, which did not answer within ``CLOSE_GRACE_S`` of the stop request, and say so."""
+        for worker in workers:
+            worker.process.kill()
+            worker.process.wait()
+        named = ", ".join(worker.describe() for worker in workers)
+        return self._fail(WorkerFailure(f"{named} of {self.cfg.id!r} still {action} {CLOSE_GRACE_S:g} s after "
+                                        "the run was asked to stop: killed"))
+
     def _message(self, worker: _Worker) -> str:
         raw = self._shared["message"][worker.index].tobytes()
         return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
 
+    def _command(self, worker: _Worker, command: bytes) -> None:
+        self._sent_at[worker.index] = time.monotonic()
+        os.write(worker.command_fd, command)
+
     def _send(self, command: bytes, action: str) -> None:
         for worker in self._workers:
             try:
-                os.write(worker.command_fd, command)
+                self._command(worker, command)
             except BrokenPipeError:
                 if not self.restart_workers:
                     raise self._died(worker, action) from None
@@ -315,7 +370,8 @@ class ShmVectorEnv:
             raise
 
     def _wait(self, action: str) -> None:
-        """Collect one reply from every worker; restart dead ones (or raise); raise on errors."""
+        """Collect one reply from every worker; restart dead and hung ones (or raise); raise on errors and,
+        past the grace period, once ``stop()`` holds."""
         waiting = {worker.index for worker in self._workers}
         problems: list[tuple[_Worker, bytes]] = []
         while waiting:
@@ -325,6 +381,17 @@ class ShmVectorEnv:
                     if worker.process.poll() is not None:
                         self._restart(worker, action)
                         waiting.discard(worker.index)
+                stopping = self._stopping_since() if waiting else 0.0
+                if stopping and time.monotonic() - stopping > CLOSE_GRACE_S:
+                    raise self._abandon([self._workers[index] for index in sorted(waiting)], action)
+                for index in sorted(waiting):
+                    worker = self._workers[index]
+                    if self._silent_too_long(worker):
+                        failure = self._hung(worker, action)
+                        if stopping:  # a replacement would only be stopped again
+                            raise failure
+                        self._restart(worker, action, failure)
+                        waiting.discard(index)
                 continue
             for fd, _ in events:
                 worker = self._worker_by_fd.get(fd)

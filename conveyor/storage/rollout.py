@@ -88,3 +88,18 @@ class RolloutStorage:
 def env_columns(batch: dict[str, Tensor], columns: Tensor) -> dict[str, Tensor]:
     """The sub-batch of the env columns ``columns`` (time order kept; PPO minibatches)."""
     return {key: value.index_select(1, columns) if value.dim() >= 2 else value for key, value in batch.items()}
+
+
+def step_samples(batch: dict[str, Tensor], steps: Tensor) -> dict[str, Tensor]:
+    """The sub-batch of the single steps ``steps`` (flat indices into ``T x B``, time-major) as a ``[1, N]``
+    batch (PPO minibatches of a feed-forward model). Fields with a bootstrap row (``obs``,
+    ``behaviour_value``: ``T + 1`` rows) lose it, so only targets fixed beforehand can be trained on."""
+    T, B = batch["rewards"].shape[:2]
+    out = {}
+    for key, value in batch.items():
+        if value.dim() < 2:
+            out[key] = value
+            continue
+        per_step = value[:T].reshape(T * B, *value.shape[2:])
+        out[key] = per_step.index_select(0, steps).unsqueeze(0)
+    return out

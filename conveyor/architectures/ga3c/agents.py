@@ -15,7 +15,10 @@ same id, up to ``max_restarts`` restarts per run in all (the architecture
 passes ``cfg.env.max_restarts``; the default here, 0, never restarts), each
 reported through ``on_restart(dropped_steps)``. The death that would need
 one restart more raises ``WorkerFailure`` (``conveyor.procs.RestartBudget``):
-one line naming the agent, its pid, its exit reason and the fix.
+one line naming the agent, its pid, its exit reason and the fix. An agent
+whose env has been in one call (make, reset, step) for longer than
+``env_step_timeout_s`` (it stamps ``env_call_since``) is killed as hung and
+counts as dead.
 
 Seeds. Every episode is seeded: the ``e``-th episode played under agent id
 ``a`` (counted over all processes that held the id, in the shared
@@ -51,13 +54,18 @@ class AgentPool:
 
     ``max_restarts`` bounds the restarts of dead agents over the run (0: a death raises ``WorkerFailure``);
     ``on_restart(dropped_steps)`` is called once per restart; ``ending()`` true means the run is ending,
-    and an agent that dies then is only reaped. ``abandoned_steps`` counts the steps that agents stopped on
-    purpose (``stop``, ``close``) had written into segments they never finished.
+    and an agent that dies then is only reaped; ``env_step_timeout_s`` (0: none) is how long an agent's env
+    may spend in one call before the agent is killed as hung. ``abandoned_steps`` counts the steps that agents
+    stopped on purpose (``stop``, ``close``) had written into segments they never finished.
     """
 
     def __init__(self, channels: Channels, cfg_dict: dict[str, Any], base_seed: int, *, max_restarts: int = 0,
-                 on_restart: Callable[[int], Any] | None = None, ending: Callable[[], bool] | None = None):
+                 on_restart: Callable[[int], Any] | None = None, ending: Callable[[], bool] | None = None,
+                 env_step_timeout_s: float = 0.0):
         self.channels = channels
+        self.env_step_timeout_s = env_step_timeout_s
+        self.hung_pids: set[int] = set()
+        """Agents killed as hung (their deaths say so)."""
         self.cfg_dict = cfg_dict
         self.base_seed = base_seed
         self.restart_budget = RestartBudget(max_restarts)
@@ -96,6 +104,7 @@ class AgentPool:
         """Start a process holding id ``agent`` (free: no other process holds it, nothing is attached)."""
         channels = self.channels
         channels["stop"][agent] = False
+        channels["env_call_since"][agent] = 0.0
         reply_read, reply_write = os.pipe()
         spec = {"cfg": self.cfg_dict, "seed": self.base_seed, **channels.agent_spec(agent, reply_read)}
         try:
@@ -115,7 +124,9 @@ class AgentPool:
         self.stopping[agent] = self.processes.pop(agent)
 
     def check(self) -> None:
-        """Reap agents that stopped when asked; restart those that died (raise past ``max_restarts``)."""
+        """Kill hung agents; reap agents that stopped when asked; restart those that died (raise past
+        ``max_restarts``)."""
+        self._kill_hung()
         for agent, process in list(self.stopping.items()):
             if process.poll() is None:
                 continue
@@ -130,12 +141,26 @@ class AgentPool:
                 self.abandoned_steps += self.channels.detach(agent)
                 self.free_ids.append(agent)
                 continue
-            self.restart_budget.spend(f"GA3C agent {agent} (pid {process.pid}) died "
-                                      f"({exit_reason(process.returncode)})")
+            if process.pid in self.hung_pids:
+                how = (f"hung: an env call did not return for {self.env_step_timeout_s:g} s "
+                       "(--env-step-timeout-s; raise it if the env is that slow); killed it")
+            else:
+                how = f"died ({exit_reason(process.returncode)})"
+            self.restart_budget.spend(f"GA3C agent {agent} (pid {process.pid}) {how}")
             dropped = self.channels.detach(agent)
             self.dropped_steps += dropped
             self._launch(agent)
             self.on_restart(dropped)
+
+    def _kill_hung(self) -> None:
+        """Kill the agents (running, or asked to stop) whose env call has lasted over ``env_step_timeout_s``."""
+        since, now = self.channels["env_call_since"], time.monotonic()
+        for agent, process in [*self.processes.items(), *self.stopping.items()]:
+            began = since[agent]
+            if self.env_step_timeout_s and began and now - began > self.env_step_timeout_s and process.poll() is None:
+                process.kill()
+                process.wait()
+                self.hung_pids.add(process.pid)
 
     def pids(self) -> list[int]:
         return [p.pid for p in (*self.processes.values(), *self.stopping.values())]
@@ -234,12 +259,15 @@ def run_agent(env: Any, link: AgentLink, unroll: int, seed: int | None = None) -
 
     a = link.agent
     steps, env_time, env_errors, episodes = link["steps"], link["env_time_s"], link["env_errors"], link["episodes"]
-    seg_steps = link["seg_steps"]
+    seg_steps, since = link["seg_steps"], link["env_call_since"]
 
     def reset() -> tuple[Any, dict]:
         episode = int(episodes[a])
         episodes[a] = episode + 1  # before any step of it is written: a successor never repeats it
-        return env.reset(seed=episode_seed(seed, a, episode)) if seed is not None else env.reset()
+        since[a] = time.monotonic()
+        started = env.reset(seed=episode_seed(seed, a, episode)) if seed is not None else env.reset()
+        since[a] = 0.0
+        return started
 
     obs, _ = reset()
     slot, t = link.acquire_segment(), 0
@@ -254,12 +282,14 @@ def run_agent(env: Any, link: AgentLink, unroll: int, seed: int | None = None) -
         link["seg_policy_version"][slot, t] = reply.version
         start = time.perf_counter()
         action = reply.action.item() if reply.action.ndim == 0 else reply.action
+        since[a] = time.monotonic()
         try:
             next_obs, reward, terminated, truncated, info = env.step(action)
         except Exception:  # an env bug must not stop the run: cut the episode, reset, and count it
             print(f"conveyor GA3C agent {a}: env raised on step:\n{traceback.format_exc()}", file=sys.stderr)
             env_errors[a] += 1
             next_obs, reward, terminated, truncated, info = obs, 0.0, False, True, {}
+        since[a] = 0.0
         episode = info.get(EPISODE_KEY)
         if terminated or truncated:
             link["seg_final_obs"][slot, t] = next_obs
@@ -289,7 +319,9 @@ def agent_main() -> None:
     cfg = RunCfg.from_dict(spec["cfg"])
     link = AgentLink(spec)
     agent, seed = link.agent, int(spec["seed"])
+    link["env_call_since"][agent] = time.monotonic()
     env = make_env(cfg.env, episode_seed(seed, agent, int(link["episodes"][agent])), cfg.algo.gamma)
+    link["env_call_since"][agent] = 0.0
     try:
         run_agent(env, link, cfg.arch.unroll, seed)
     finally:

@@ -149,6 +149,8 @@ def channel_specs(schema: RolloutSchema, num_ids: int, num_segments: int, unroll
         ArraySpec("wait_time_s", (A,), "float64"),
         ArraySpec("env_errors", (A,), "int64"),
         ArraySpec("episodes", (A,), "int64"),
+        # time.monotonic() at which the id's holder began the env call under way (make, reset, step); 0: none.
+        ArraySpec("env_call_since", (A,), "float64"),
         # The segment slot the id's holder claimed (read from the free pipe straight into here) and its generation.
         ArraySpec("holding", (A,), INDEX_DTYPE.str),
         ArraySpec("holding_gen", (A,), "int64"),
@@ -162,8 +164,8 @@ def channel_specs(schema: RolloutSchema, num_ids: int, num_segments: int, unroll
 
 # Fields that coordinate rather than carry data: they start at these values, not at the marker.
 _CONTROL_START = {"request_seq": 0, "reply_seq": -1, "stop": False, "shutdown": False, "steps": 0,
-                  "env_time_s": 0.0, "wait_time_s": 0.0, "env_errors": 0, "episodes": 0, "holding": -1,
-                  "holding_gen": -1, "seg_steps": 0, "seg_gen": 0}
+                  "env_time_s": 0.0, "wait_time_s": 0.0, "env_errors": 0, "episodes": 0, "env_call_since": 0.0,
+                  "holding": -1, "holding_gen": -1, "seg_steps": 0, "seg_gen": 0}
 
 
 class Reply(NamedTuple):

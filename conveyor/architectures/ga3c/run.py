@@ -96,7 +96,8 @@ def run(cfg: RunCfg) -> dict[str, Any]:
         segment = RolloutSchema.build(obs_space, model.policy, SEGMENT_FIELDS)
         channels = run.closing(Channels(segment, 2 * high.agents, num_segments, arch.unroll))
         agents = run.closing(AgentPool(channels, cfg.to_dict(), cfg.seed, max_restarts=cfg.env.max_restarts,
-                                       on_restart=tel.add_restart, ending=run.stop_event.is_set))
+                                       on_restart=tel.add_restart, ending=run.stop_event.is_set,
+                                       env_step_timeout_s=cfg.env.env_step_timeout_s))
         update_lock, params_lock, gather_lock = threading.Lock(), threading.Lock(), threading.Lock()
 
         def predict(stop: threading.Event, serial: int) -> None:

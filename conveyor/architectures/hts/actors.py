@@ -43,7 +43,8 @@ def acting_tensors(model: nn.Module) -> list[Tensor]:
 
 
 def delayed_update(learner: Learner, behaviour: list[Tensor], batch: dict[str, Tensor], epochs: int = 1,
-                   minibatches: int = 1, generator: torch.Generator | None = None) -> dict[str, float]:
+                   minibatches: int = 1, generator: torch.Generator | None = None,
+                   steps: bool = False) -> dict[str, float]:
     """One HTS-RL update (eq. 6): the algorithm's update computed at the behaviour parameters theta_{t-1}
     (``behaviour``, in ``acting_tensors`` order) on the data they collected, applied to theta_t.
 
@@ -51,17 +52,18 @@ def delayed_update(learner: Learner, behaviour: list[Tensor], batch: dict[str, T
     PPO: its ``epochs x minibatches`` steps run from theta_{t-1} exactly as synchronous PPO would (the first
     at ratio 1), and the change they make moves theta_t. Either way it is one policy version. The gradient is
     taken under the input statistics theta_{t-1} acted with; the learner's own statistics then take in the batch.
+    ``steps``: minibatches of single steps (``Learner.update_epochs``; ``algos.ppo.epoch_batch`` says when).
     """
     params, buffers = list(learner.model.parameters()), list(learner.model.buffers())
     version = learner.version
     current = [p.detach().clone() for p in params]
     statistics = [b.clone() for b in buffers]
     copy_params(params + buffers, behaviour)
-    metrics = learner.update_epochs(batch, epochs, minibatches, generator)
+    metrics = learner.update_epochs(batch, epochs, minibatches, generator, steps=steps)
     copy_params(params, [c + (p.detach() - b) for c, p, b in zip(current, params, behaviour)])
     copy_params(buffers, statistics)  # update_epochs folded the batch into theta_{t-1}'s statistics: redo it
     learner.observe(batch["obs"])
-    learner.version = version + 1
+    learner.version = version + (learner.version > version)  # one policy version; none if every step was skipped
     return metrics
 
 

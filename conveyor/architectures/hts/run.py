@@ -29,7 +29,8 @@ from, the env history and the round count. A resumed run rebuilds every env
 ``param_sha256`` as a run that never stopped. Ctrl-C lets the round in flight
 finish (up to ``STOP_GRACE_S``) so the last checkpoint is such a point too.
 
-Faults: a dead executor is restarted (``conveyor.architectures.hts.actors.restart_dead_executors``);
+Faults: a dead executor is restarted (``conveyor.architectures.hts.actors.restart_dead_executors``), and
+so is one whose env hangs in a call (``--env-step-timeout-s``: ``StateBuffer.kill_hung``);
 the round in flight completes with its envs re-run from step 0 on their next
 episodes, so no transition is lost inside an episode or trained on twice.
 """
@@ -43,6 +44,7 @@ from typing import Any
 import torch
 
 from conveyor import algos
+from conveyor.algos import ppo
 from conveyor.config import RunCfg
 from conveyor.envs.history import EnvHistory
 from conveyor.architectures.hts.actors import (POLL_S, Actors, acting_tensors, copy_params, delayed_update,
@@ -60,12 +62,13 @@ STOP_GRACE_S = 10.0
 
 def _wait_round(run: Run, buffer: StateBuffer, actors: Actors, storage: DoubleStorage, history: EnvHistory,
                 rounds: int) -> bool:
-    """Wait until the filling storage is full, replacing dead executors; False when the run was stopped
-    (signal) and the round did not finish within ``STOP_GRACE_S``."""
+    """Wait until the filling storage is full, replacing dead executors (and hung ones, killed); False when the
+    run was stopped (signal) and the round did not finish within ``STOP_GRACE_S``."""
     stopped_at = None
     with run.timer("wait"):
         while not storage.wait_full(POLL_S):
             actors.check()
+            buffer.kill_hung()
             restart_dead_executors(buffer, actors, storage, history, rounds, run.telemetry)
             buffer.check_env_errors()
             if run.stop_event.is_set():
@@ -113,7 +116,8 @@ def run(cfg: RunCfg) -> dict[str, Any]:
             if pending is not None:  # learn from the last round while the actors collect this one
                 with run.timer("learn"):
                     run.telemetry.add_lag(learner.version, pending["policy_version"].cpu())
-                    metrics = delayed_update(learner, behaviour, pending, epochs, minibatches, sampler)
+                    batch, steps = ppo.epoch_batch(cfg, bool(model.lstm_size), pending)
+                    metrics = delayed_update(learner, behaviour, batch, epochs, minibatches, sampler, steps)
                 pending = None
                 run.after_update(learner, metrics, checkpoint=False)
             if not _wait_round(run, buffer, actors, storage, history, rounds):

@@ -28,12 +28,15 @@ it with the observation; actors sample by inverse CDF. So the actions do not
 depend on which actor serves which env, and a restarted or resumed executor
 draws exactly what the lost one would have.
 
-A dead executor is restarted by the main thread (``dead_executors``,
-``restart``), with the actors paused: it gets a new incarnation, so records
-its predecessor left in the ready pipe are dropped by ``take_ready``, and it
-joins the round in flight at once, re-running its envs' steps of the round
-from ``t = 0`` on their next episodes (the caller forgets what the dead one
-wrote). A resumed run starts executors that rebuild their envs from an
+An executor whose env spends longer than ``EnvCfg.env_step_timeout_s`` in
+one call is killed as hung (``kill_hung``, from the main thread: executors
+stamp the shared ``heartbeat`` before each env call and clear it while they
+wait for work). A dead executor is restarted by the main thread
+(``dead_executors``, ``restart``), with the actors paused: it gets a new
+incarnation, so records its predecessor left in the ready pipe are dropped
+by ``take_ready``, and it joins the round in flight at once, re-running its
+envs' steps of the round from ``t = 0`` on their next episodes (the caller
+forgets what the dead one wrote). A resumed run starts executors that rebuild their envs from an
 ``EnvHistory`` (``start``).
 
 Executors run ``python -c "from conveyor.architectures.hts.state_buffer import main; main()"``
@@ -177,6 +180,8 @@ class StateBuffer:
         self._executors: list[_Executor] = []
         self._owner = np.repeat(np.arange(workers), cfg.envs_per_worker)
         self._incarnation = np.zeros(workers, np.int64)
+        self._hung_pids: set[int] = set()
+        """Executors ``kill_hung`` killed (their deaths say so)."""
         self.restart_budget = RestartBudget(cfg.max_restarts)
         """Whoever replaces a dead executor spends a restart first, before it forgets what the dead one wrote."""
         self._finalizer = weakref.finalize(self, _shutdown, self._executors, (self._ready_fd, self._ready_write),
@@ -239,6 +244,16 @@ class StateBuffer:
         for executor in self._executors:
             _write_to_live(executor.action_fd, _records([GO]))
 
+    def kill_hung(self) -> None:
+        """Kill the executors whose env has been in one call (make, reset, step) for longer than
+        ``cfg.env_step_timeout_s``; ``dead_executors`` then lists them."""
+        timeout, now = self.cfg.env_step_timeout_s, time.monotonic()
+        for executor, beat in zip(self._executors, self.shared["heartbeat"]):
+            if timeout and beat and now - beat > timeout and executor.process.poll() is None:
+                executor.process.kill()
+                executor.process.wait()
+                self._hung_pids.add(executor.process.pid)
+
     def dead_executors(self) -> list[int]:
         """Indices of the executors that have exited."""
         return [executor.index for executor in self._executors if executor.process.poll() is not None]
@@ -246,6 +261,10 @@ class StateBuffer:
     def death(self, index: int) -> str:
         """What killed executor ``index``, in a line."""
         executor = self._executors[index]
+        if executor.process.pid in self._hung_pids:
+            return (f"HTS {executor.describe()} of {self.cfg.id!r} hung: an env call did not return for "
+                    f"{self.cfg.env_step_timeout_s:g} s (--env-step-timeout-s; raise it if the env is that slow); "
+                    "killed it")
         return (f"HTS {executor.describe()} of {self.cfg.id!r} exited "
                 f"({exit_reason(executor.process.poll())}): {self._message(index) or 'no message'}")
 
@@ -257,6 +276,7 @@ class StateBuffer:
         os.close(old.action_fd)
         reap([old.process])
         self.shared["message"][index] = 0
+        self.shared["heartbeat"][index] = 0.0
         self._incarnation[index] += 1
         self._executors[index] = self._start_executor(index, episodes, (), round_index, True)
 
@@ -296,9 +316,11 @@ def _write_to_live(fd: int, data: bytes) -> None:
 
 
 # ---- executor process ----------------------------------------------------------------------
-def _incoming(action_fd: int, num_envs: int) -> Iterator[int]:
-    """Records from the action pipe, one at a time; STOP when the parent has gone (end of file)."""
+def _incoming(action_fd: int, num_envs: int, heartbeat: np.ndarray) -> Iterator[int]:
+    """Records from the action pipe, one at a time; STOP when the parent has gone (end of file). Clears
+    ``heartbeat`` while it waits: no env call is under way then."""
     while True:
+        heartbeat[0] = 0.0
         data = os.read(action_fd, _RECORD.itemsize * (num_envs + 1))
         if not data:
             yield STOP
@@ -328,7 +350,7 @@ def _serve(spec: ExecutorSpec, shared: SharedArrays) -> None:
     try:
         for env in envs:
             env.reset()
-        incoming = _incoming(spec.action_fd, spec.num_envs)
+        incoming = _incoming(spec.action_fd, spec.num_envs, shared["heartbeat"][spec.index:spec.index + 1])
         round_index = spec.first_round
         commands = itertools.chain([GO], incoming) if spec.join_round else incoming
         for command in commands:  # between rounds

@@ -27,10 +27,11 @@ the free pool, and its ``slot_steps`` (times the worker's envs) are reported
 as dropped transitions (``on_restart(dropped_steps)``; never counted in
 ``env_steps``, never trained on). A new process takes the same worker index
 and those free slots, and reads the newest published weights before its
-first step. A worker whose own env worker died exits (``DIED_EXIT``) and
-is restarted the same way; a worker that *reports* a failure (it raised:
-an env's observation shape changed, too many env errors) is not
-restarted: the run stops with its message.
+first step. A worker whose own env worker died (or hung:
+``EnvCfg.env_step_timeout_s``) exits (``DIED_EXIT``) and is restarted the
+same way; a worker that *reports* a failure (it raised: an env's observation
+shape changed, too many env errors) is not restarted: the run stops with its
+message.
 
 Seeds. Life ``r`` of worker ``i`` (r = 0 the first start, r = 1 its first
 restart, ...) steps the envs that worker ``r * W + i`` of a run with
@@ -116,8 +117,9 @@ def worker_main() -> None:
     pool = SharedArrays(array_specs_from_json(spec["pool"]), spec["pool_fd"])
     try:
         collect(spec, pool)
-    except WorkerDied as death:  # our env worker died: die too (no FATAL report), so the learner restarts us
+    except WorkerDied as death:  # our env worker died or hung: die too (no FATAL report); the learner restarts us
         print(f"conveyor impact worker {spec['index']}: {death}", file=sys.stderr, flush=True)
+        write_message(pool["message"][spec["index"]], str(death))  # the learner's line about our death says why
         sys.exit(DIED_EXIT)
     except Exception:
         error = traceback.format_exc()

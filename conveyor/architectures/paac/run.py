@@ -7,9 +7,10 @@ steps, one update (A2C: n-step returns; PPO: GAE, epochs x minibatches).
 The policy that acts is always the one being updated: lag 0.
 
 Faults: a dead env worker is restarted (``make_vector_env(restart_workers=True)``),
-its envs on their next episodes. The step they lost is masked out of the
-loss (``RolloutStorage.drop_step``; the steps before it bootstrap from its
-V(s_t), as at a truncation) and counted in ``dropped_steps``, never in
+its envs on their next episodes; so is a hung one (``--env-step-timeout-s``),
+and a stop request ends a step that hangs (``stop=run.should_stop``). The
+step they lost is masked out of the loss (``RolloutStorage.drop_step``; the
+steps before it bootstrap from its V(s_t), as at a truncation) and counted in ``dropped_steps``, never in
 ``env_steps``; the rest of the rollout, theirs included, is trained on. Checkpoints hold
 the env history and the sampler's state, so a resumed run rebuilds every env
 and reaches the same parameters as an uninterrupted one.
@@ -23,6 +24,7 @@ import torch
 
 from conveyor.acting import policy_step, step_targets, values_of
 from conveyor import algos
+from conveyor.algos import ppo
 from conveyor.config import RunCfg
 from conveyor.envs import make_vector_env
 from conveyor.models import ModelOut, make_model
@@ -34,7 +36,7 @@ from conveyor.storage.schema import RolloutSchema
 def run(cfg: RunCfg) -> dict[str, Any]:
     with Run(cfg) as run:
         venv = run.closing(make_vector_env(cfg.env, cfg.seed, gamma=cfg.algo.gamma, restart_workers=True,
-                                           env_state=run.resume_state.get("env_state")))
+                                           env_state=run.resume_state.get("env_state"), stop=run.should_stop))
         model = make_model(cfg.model, venv.single_observation_space, venv.single_action_space)
         learner = run.learner(model, algos.make_loss(cfg))
         device = learner.device
@@ -77,7 +79,8 @@ def run(cfg: RunCfg) -> dict[str, Any]:
                     metrics = learner.update(storage.batch(), ModelOut.cat_time(outputs))
                 else:  # PPO's advantages need V(s_T) under the acting parameters
                     storage.insert_last(obs, values_of(model, obs))
-                    metrics = learner.update_epochs(storage.batch(), epochs, minibatches, sampler)
+                    batch, steps = ppo.epoch_batch(cfg, bool(model.lstm_size), storage.batch())
+                    metrics = learner.update_epochs(batch, epochs, minibatches, sampler, steps=steps)
                 kept = int(storage.valid.sum())
                 run.telemetry.add_steps(kept)
                 if venv.restarts > restarts_before:

@@ -17,7 +17,9 @@ once per process, from the env config and seed of the first Welcome; a
 restarted actor process builds them from its new Welcome, whose seed differs
 from every earlier one (``seed.server.actor_env_seed``). A refused
 token prints one line and exits 2; a learner that finished training ends
-the stream with OK and the actor exits 0.
+the stream with OK and the actor exits 0. An env worker that dies or hangs
+(``--env-step-timeout-s``, from the learner's env config) prints one line
+and exits 3. A local actor dies with the learner that started it.
 
 ``LocalActors`` starts the actor processes of ``conveyor train --arch seed``
 (``--local-actors``), passing the token through the environment, and
@@ -42,12 +44,14 @@ from typing import Any, Iterator
 import numpy as np
 
 from conveyor.config import ConfigError, EnvCfg
-from conveyor.procs import RestartBudget, exit_reason, reap, terminate
+from conveyor.errors import WorkerFailure
+from conveyor.procs import RestartBudget, die_with_parent, exit_reason, reap, terminate
 
 LOCAL_ACTOR_ENV = "CONVEYOR_LOCAL_ACTOR"
 PARENT_PID_ENV = "CONVEYOR_PARENT_PID"
 EXIT_REFUSED = 2
 EXIT_LOST = 1
+EXIT_ENVS_FAILED = 3
 _MAX_BACKOFF_S = 5.0
 
 
@@ -84,6 +88,7 @@ def main(args: argparse.Namespace) -> int:
             raise ConfigError(f"cannot read --tls-ca {args.tls_ca} ({error.strerror})") from None
     if os.environ.get(LOCAL_ACTOR_ENV):
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner handles Ctrl-C and stops us
+        die_with_parent(int(os.environ[PARENT_PID_ENV]))  # even while an env hangs (then ours die with us)
     signal.signal(signal.SIGTERM, _exit_on_signal)
     actor = Actor(args.learner, token, args.num_envs, args.num_workers, tls_ca=tls_ca, retry_s=args.retry_s,
                   max_message_bytes=args.max_message_bytes)
@@ -91,6 +96,9 @@ def main(args: argparse.Namespace) -> int:
         return actor.run()
     except KeyboardInterrupt:
         return 130
+    except WorkerFailure as error:  # an env worker died or hung: a local actor is restarted by the learner
+        print(f"conveyor actor: error: {error}", file=sys.stderr)
+        return EXIT_ENVS_FAILED
     finally:
         actor.close()
 

@@ -196,7 +196,8 @@ class ReplayLearning:
     def train(self, batch: dict[str, Tensor]) -> dict[str, float]:
         """One update on a ``get`` batch; the new priorities go back to replay."""
         metrics, priorities = self.learner.learn(batch, self.lock)
-        self.replay.update_priorities(batch["ids"], priorities)
+        if not self.learner.nonfinite:  # a skipped update's TD errors are NaN: the batch keeps its priorities
+            self.replay.update_priorities(batch["ids"], priorities)
         return metrics
 
     def close(self) -> None:

@@ -31,7 +31,7 @@ them are still queued or prefetched when the run stops: the queue holds
 with R2D2 it counts distinct acted steps stored in replay. A stalled actor
 costs one ``--inference-timeout-ms`` and is then left out of the batches
 it holds up; the server cancels a stream it has waited on for
-``server.IDLE_TIMEOUT_S``.
+``--actor-idle-timeout-s``.
 
 With ``--algo r2d2`` (``conveyor.architectures.seed.r2d2``) the policy acts epsilon-greedily
 through an LSTM with per-actor epsilons, inference cuts each env's stream
@@ -64,7 +64,8 @@ from conveyor.storage.schema import FieldSpec, action_field, observation_field
 from conveyor.storage.unrolls import Prefetcher, UnrollQueue
 from conveyor.architectures.seed.batcher import Batcher, InferenceStats
 from conveyor.architectures.seed.inference import ActInput, ActOutput, CentralInference, unroll_schema
-from conveyor.architectures.seed.server import SeedServer, learner_token, unix_socket_path
+from conveyor.architectures.seed.server import (MAX_PEER_ENV_SLOTS, MAX_PEER_STREAMS, SeedServer, learner_token,
+                                                 unix_socket_path)
 
 
 class ActorCriticPolicy:
@@ -100,6 +101,13 @@ def check_config(cfg: RunCfg) -> None:
     if cfg.arch.listen.startswith("unix:") and len(unix_socket_path(cfg.arch.listen)) > 100:
         raise ConfigError(f"unix socket path {unix_socket_path(cfg.arch.listen)!r} is too long (unix sockets "
                           "allow about 100 characters): pick a shorter --listen unix:PATH")
+    if cfg.arch.local_actors and cfg.env.num_envs > cfg.arch.max_actor_envs:
+        raise ConfigError(f"local actors with --num-envs {cfg.env.num_envs} would be refused by --max-actor-envs "
+                          f"{cfg.arch.max_actor_envs}: raise --max-actor-envs or lower --num-envs")
+    if cfg.arch.local_actors > MAX_PEER_STREAMS or cfg.arch.local_actors * cfg.env.num_envs > MAX_PEER_ENV_SLOTS:
+        raise ConfigError(f"--local-actors {cfg.arch.local_actors} x --num-envs {cfg.env.num_envs} is more than one "
+                          f"host may run ({MAX_PEER_STREAMS} actors, {MAX_PEER_ENV_SLOTS} envs): start fewer local "
+                          "actors and the rest with `conveyor actor` on other hosts")
 
 
 def run(cfg: RunCfg) -> dict[str, Any]:
@@ -130,7 +138,8 @@ def run(cfg: RunCfg) -> dict[str, Any]:
         server = run.closing(SeedServer(
             batcher, inference.release, listen=arch.listen, token=token,
             env_config_json=_env_json(cfg), obs_shape=obs_space.shape, obs_dtype=obs_space.dtype, base_seed=cfg.seed,
-            max_message_bytes=arch.max_message_bytes, tls_cert=arch.tls_cert, tls_key=arch.tls_key, stats=stats))
+            max_message_bytes=arch.max_message_bytes, tls_cert=arch.tls_cert, tls_key=arch.tls_key, stats=stats,
+            max_actor_envs=arch.max_actor_envs, idle_timeout_s=arch.actor_idle_timeout_s))
         batcher.expected_rows = lambda: server.expected_envs  # all but late streams waiting: go
         batcher.on_timeout = server.mark_late
         address = server.start()

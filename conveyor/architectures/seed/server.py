@@ -1,17 +1,30 @@
 """The learner's gRPC server for SEED actors: one bidirectional stream per actor.
 
-A stream starts with the actor's ``Hello``; the server checks the token
-(``authorization: Bearer <token>`` metadata, constant-time compare; refused
-with UNAUTHENTICATED), gives the stream env slots and answers ``Welcome``
-(slots, env config, env seed). Each following ``Step`` is validated
-(``wire.decode``: dtypes, shapes, row counts, the stream's own slots) and
-submitted to the ``Batcher``; the reply carries that step's actions. A
-malformed step ends only its own stream (INVALID_ARGUMENT); gRPC refuses
-messages over ``max_message_bytes`` (RESOURCE_EXHAUSTED). When a stream
-ends for any reason its slots are released through the batcher, after any
-of its steps still queued, which drops only those envs' partial unrolls.
-When the learner finishes, open streams end with status OK, which tells
-actors that training is over.
+Authentication comes before any payload: a server interceptor checks the
+token (``authorization: Bearer <token>`` call metadata, constant-time
+compare) when a call arrives, and refuses a call without it with
+UNAUTHENTICATED before a single message of it is read, so an unauthenticated
+client costs the learner no message memory however large what it sends.
+
+A stream starts with the actor's ``Hello``; the server gives the stream env
+slots and answers ``Welcome`` (slots, env config, env seed). Each following
+``Step`` is validated (``wire.decode``: dtypes, shapes, row counts, the
+stream's own slots; rewards and float observations finite) and submitted to
+the ``Batcher``; the reply carries that step's actions. A malformed step ends
+only its own stream (INVALID_ARGUMENT); gRPC refuses messages over
+``max_message_bytes`` (RESOURCE_EXHAUSTED). When a stream ends for any
+reason its slots are released through the batcher, after any of its steps
+still queued, which drops only those envs' partial unrolls. When the learner
+finishes, open streams end with status OK, which tells actors that training
+is over.
+
+Limits, so that one token holder cannot lock the others out: an actor (one
+stream) takes at most ``max_actor_envs`` env slots (more: INVALID_ARGUMENT);
+one client host holds at most ``MAX_PEER_STREAMS`` streams and
+``MAX_PEER_ENV_SLOTS`` env slots, half of the learner's, and all hosts
+together ``MAX_STREAMS`` and ``MAX_ENV_SLOTS`` (over a limit:
+RESOURCE_EXHAUSTED, which actors retry); a Hello's ``actor_name`` is at most
+``MAX_NAME_BYTES``. A stream keeps nothing of its messages between steps.
 
 Env seeds: the stream that gets slots ``s, s+1, ...`` is the ``life``-th
 to start at slot ``s`` and its Welcome carries
@@ -25,15 +38,16 @@ stream (``expected_envs``) but waits at most ``--inference-timeout-ms``.
 When a batch closes on that deadline (``mark_late``), the streams with no
 request waiting are late and no longer expected until they send again; so
 a stalled actor costs one timeout, and the others are served at full rate.
-A stream the learner has waited on for ``idle_timeout_s`` (default
-``IDLE_TIMEOUT_S``: no Hello, or no next Step after a reply) is cancelled
-(CANCELLED; counted as ``streams_closed_idle``), which releases its slots
+A stream the learner has waited on for ``idle_timeout_s``
+(``--actor-idle-timeout-s``: no Hello, or no next Step after a reply) is
+cancelled (CANCELLED; counted as ``streams_closed_idle``), which releases its slots
 and drops its partial unrolls; a live actor reconnects and goes on. The
 learner taking long never counts: a stream waiting for its reply is never idle.
 
 ``take_dropped(name)`` tells the run how many steps the streams of an actor
 (named by its Hello: ``host:pid``) lost, once they are all released, so a
-restarted local actor's dropped steps are counted with its restart.
+restarted local actor's dropped steps are counted with its restart; the
+counts of the last ``_MAX_ENDED_NAMES`` actors that dropped steps are kept.
 """
 
 from __future__ import annotations
@@ -52,20 +66,28 @@ from typing import Any, Callable, Iterator
 
 import grpc
 import numpy as np
+from google.protobuf.message import DecodeError
 
-from conveyor.config import ConfigError
-from conveyor.architectures.seed import seed_pb2, seed_pb2_grpc, wire
+from conveyor.config import ArchCfg, ConfigError
+from conveyor.architectures.seed import seed_pb2, wire
 from conveyor.architectures.seed.batcher import Batcher, EnvSteps, InferenceStats
 
 PROTOCOL_VERSION = 1
+SERVICE = "conveyor.seed.Seed"
 TOKEN_ENV = "CONVEYOR_TOKEN"
 AUTH_KEY = "authorization"
 MAX_STREAMS = 256
 """Concurrent actor streams (each holds one server thread while open); more are refused."""
 MAX_ENV_SLOTS = 4096
 """Env slots over all actors; the learner keeps a partial unroll per slot, so this bounds its memory."""
-IDLE_TIMEOUT_S = 120.0
-"""Seconds the learner waits on a stream (for its Hello, or its next Step after a reply) before it cancels it."""
+MAX_PEER_STREAMS = MAX_STREAMS // 2
+"""Streams one client host (IP address; all unix socket clients together) may hold open."""
+MAX_PEER_ENV_SLOTS = MAX_ENV_SLOTS // 2
+"""Env slots the streams of one client host may hold."""
+MAX_NAME_BYTES = 256
+"""Longest ``actor_name`` (UTF-8) a Hello may carry."""
+MAX_HELLO_BYTES = 1024
+"""Largest serialized Hello: a bigger one is refused before any of its fields is read."""
 _POLL_S = 0.1
 _MAX_ENDED_NAMES = 4096
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
@@ -78,13 +100,18 @@ def actor_env_seed(base_seed: int, first_slot: int, life: int) -> int:
 
 
 def read_token(token_file: str = "") -> str:
-    """The shared actor token from ``token_file``, else ``$CONVEYOR_TOKEN``; '' when neither is set."""
+    """The shared actor token from ``token_file``, else ``$CONVEYOR_TOKEN``; '' when neither is set. Warns (one
+    line on stderr) when users other than the owner may read or change ``token_file``."""
     if token_file:
         try:
             token = Path(token_file).read_text().strip()
+            mode = os.stat(token_file).st_mode & 0o777
         except OSError as error:
             raise ConfigError(f"cannot read token file {token_file} ({error.strerror}): "
                               "pass --token-file a readable file holding the token") from None
+        if mode & 0o077:  # as ssh checks private keys: only the owner may read or change it
+            print(f"conveyor: warning: permissions {mode:04o} of token file {token_file} are too open (other "
+                  f"users can read the token): chmod 600 {token_file}", file=sys.stderr)
         if not token:
             raise ConfigError(f"token file {token_file} is empty: write the shared token into it")
         return token
@@ -110,6 +137,12 @@ def unix_socket_path(address: str) -> str:
 
 def auth_metadata(token: str) -> tuple[tuple[str, str], ...]:
     return ((AUTH_KEY, f"Bearer {token}"),)
+
+
+def peer_host(context: grpc.ServicerContext) -> str:
+    """The client host of a call: its peer without the port (``ipv4:10.0.0.2``; ``unix`` for unix sockets)."""
+    peer = context.peer()
+    return peer.rpartition(":")[0] or peer
 
 
 def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
@@ -146,6 +179,7 @@ class _Stream:
 
     context: Any
     idle_since: float  # monotonic: since when the learner waits on this stream
+    host: str
     name: str = ""
     slots: list[int] = field(default_factory=list)
     waiting: bool = False  # a step of it is with the batcher
@@ -153,12 +187,30 @@ class _Stream:
     cancelled: bool = False
 
 
-class SeedServicer(seed_pb2_grpc.SeedServicer):
-    def __init__(self, server: SeedServer) -> None:
-        self.server = server
+class TokenCheck(grpc.ServerInterceptor):
+    """Lets through only calls whose metadata carry ``authorization: Bearer <token>`` (constant-time compare);
+    any other call, whatever its method, is answered UNAUTHENTICATED before any of its messages is read."""
 
-    def Act(self, request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
-        return self.server.serve_stream(request_iterator, context)
+    def __init__(self, token: str, stats: InferenceStats) -> None:
+        self._expected = f"Bearer {token}".encode()
+        self._stats = stats
+        self._refuse = grpc.stream_stream_rpc_method_handler(self._refused)
+
+    def intercept_service(self, continuation: Callable[[Any], Any], details: grpc.HandlerCallDetails) -> Any:
+        for key, value in details.invocation_metadata or ():
+            if key == AUTH_KEY:
+                given = value.encode() if isinstance(value, str) else bytes(value)
+                if hmac.compare_digest(given, self._expected):
+                    return continuation(details)
+                break
+        self._stats.count("refused_unauthenticated")
+        return self._refuse
+
+    @staticmethod
+    def _refused(request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
+        context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                      f"the learner refused this actor's token: give the actor the learner's token "
+                      f"(--token-file FILE or {TOKEN_ENV})")
 
 
 class SeedServer:
@@ -167,7 +219,8 @@ class SeedServer:
     ``release(slots)`` is called on the inference thread when a stream ends
     (``CentralInference.release``; it may return the steps it dropped);
     ``env_config_json`` and the env seed (``actor_env_seed``) tell actors what
-    to run; ``obs_shape``/``obs_dtype`` fix what a step must carry. Wire the
+    to run; ``obs_shape``/``obs_dtype`` fix what a step must carry;
+    ``max_actor_envs`` and ``idle_timeout_s`` are ``ArchCfg``'s. Wire the
     batcher to it with ``batcher.expected_rows = lambda: server.expected_envs``
     and ``batcher.on_timeout = server.mark_late``.
     """
@@ -175,33 +228,40 @@ class SeedServer:
     def __init__(self, batcher: Batcher, release: Callable[[list[int]], int | None], *, listen: str, token: str,
                  env_config_json: str, obs_shape: tuple[int, ...], obs_dtype: np.dtype, base_seed: int,
                  max_message_bytes: int, tls_cert: str = "", tls_key: str = "",
-                 stats: InferenceStats | None = None, idle_timeout_s: float | None = None) -> None:
+                 stats: InferenceStats | None = None, max_actor_envs: int = ArchCfg.max_actor_envs,
+                 idle_timeout_s: float = ArchCfg.actor_idle_timeout_s) -> None:
         if not token:
             raise ConfigError(f"the SEED server needs a token: pass --token-file FILE or set {TOKEN_ENV}")
         self.batcher = batcher
         self.release = release
         self.listen = listen
-        self._expected_auth = f"Bearer {token}".encode()
         self.env_config_json = env_config_json
         self.obs_shape = tuple(obs_shape)
         self.obs_dtype = np.dtype(obs_dtype)
         self.base_seed = base_seed
         self.max_message_bytes = max_message_bytes
         self.stats = stats or InferenceStats()
-        self.idle_timeout_s = IDLE_TIMEOUT_S if idle_timeout_s is None else idle_timeout_s
+        self.max_actor_envs = max_actor_envs
+        self.idle_timeout_s = idle_timeout_s
         self.slots = SlotAllocator()
         self._lives: collections.Counter[int] = collections.Counter()  # streams started per first slot
         self._closing = threading.Event()
         self._lock = threading.Lock()
         self._streams: set[_Stream] = set()
+        self._host_streams: collections.Counter[str] = collections.Counter()
+        self._host_slots: collections.Counter[str] = collections.Counter()  # until the slots are released
         self._unreleased: collections.Counter[str] = collections.Counter()  # per actor name
         self._dropped: collections.OrderedDict[str, int] = collections.OrderedDict()  # per actor name
         self._watchdog: threading.Thread | None = None
         self.address = ""
         threads = futures.ThreadPoolExecutor(max_workers=MAX_STREAMS + 4, thread_name_prefix="seed-rpc")
         self._server = grpc.server(threads, options=channel_options(max_message_bytes),
-                                   maximum_concurrent_rpcs=MAX_STREAMS)
-        seed_pb2_grpc.add_SeedServicer_to_server(SeedServicer(self), self._server)
+                                   interceptors=[TokenCheck(token, self.stats)], maximum_concurrent_rpcs=MAX_STREAMS)
+        # Requests arrive as bytes and are parsed in serve_stream: a Hello's size is checked before parsing, and
+        # bytes that do not parse end their stream with a message (gRPC would log a traceback for each).
+        act = grpc.stream_stream_rpc_method_handler(self.serve_stream,
+                                                    response_serializer=seed_pb2.LearnerMessage.SerializeToString)
+        self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {"Act": act}),))
         self._tls = (tls_cert, tls_key) if tls_cert else None
 
     # ---- lifecycle -----------------------------------------------------------------------
@@ -287,9 +347,17 @@ class SeedServer:
 
     # ---- one actor stream ----------------------------------------------------------------
     def serve_stream(self, request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
-        stream = _Stream(context, time.monotonic())
+        stream = _Stream(context, time.monotonic(), peer_host(context))
         with self._lock:
-            self._streams.add(stream)
+            admitted = self._host_streams[stream.host] < MAX_PEER_STREAMS
+            if admitted:
+                self._streams.add(stream)
+                self._host_streams[stream.host] += 1
+        if not admitted:
+            self.stats.count("refused_host_streams")
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"client host {stream.host} already holds {MAX_PEER_STREAMS} streams, the most one host may "
+                          "(half the learner's): end idle streams there or run actors on more hosts")
         try:
             yield from self._serve(stream, request_iterator, context)
         except grpc.RpcError:
@@ -298,76 +366,56 @@ class SeedServer:
         finally:
             with self._lock:
                 self._streams.discard(stream)
+                _decrement(self._host_streams, stream.host)
             if stream.slots:
-                slots, name = stream.slots, stream.name
+                slots, name, host = stream.slots, stream.name, stream.host
 
                 def release() -> None:  # the actor counts as connected until its slots are free again
                     dropped = self.release(slots) or 0
                     self.slots.free(slots)
                     self.stats.connected(-1, -len(slots))
                     with self._lock:
-                        self._unreleased[name] -= 1
-                        if self._unreleased[name] <= 0:
-                            del self._unreleased[name]
-                        self._dropped[name] = self._dropped.pop(name, 0) + dropped
+                        _decrement(self._host_slots, host, len(slots))
+                        _decrement(self._unreleased, name)
+                        if dropped:
+                            self._dropped[name] = self._dropped.pop(name, 0) + dropped
                         while len(self._dropped) > _MAX_ENDED_NAMES:  # names nobody asks for (remote actors)
                             self._dropped.popitem(last=False)
 
                 self.batcher.call_soon(release)
 
     def _serve(self, stream: _Stream, request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
-        if not self._authorized(context):
-            self.stats.count("refused_unauthenticated")
-            context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                          f"the learner refused this actor's token: give the actor the learner's token "
-                          f"(--token-file FILE or {TOKEN_ENV})")
-        hello = self._read_hello(request_iterator, context)
-        slots = self.slots.allocate(hello.num_envs)
-        if slots is None:
-            self.stats.count("refused_no_slots")
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                          f"the learner has no {hello.num_envs} free env slots (at most {MAX_ENV_SLOTS} envs over "
-                          "all actors): start this actor with fewer --num-envs")
+        num_envs, name = self._read_hello(request_iterator, context)
+        slots = self._allocate(stream.host, num_envs, context)
         expected = np.asarray(slots, dtype=np.int64)
         with self._lock:
             life = self._lives[slots[0]]
             self._lives[slots[0]] += 1
-            stream.name, stream.slots = hello.actor_name, slots
+            stream.name, stream.slots = name, slots
             stream.idle_since = time.monotonic()
             self._unreleased[stream.name] += 1
         self.stats.connected(1, len(slots))
         yield seed_pb2.LearnerMessage(welcome=seed_pb2.Welcome(
             env_ids=slots, env_config_json=self.env_config_json,
             env_seed=actor_env_seed(self.base_seed, slots[0], life)))
-        for message in request_iterator:
-            steps = self._decode_step(message, expected, context)
-            with self._lock:
-                stream.waiting, stream.late = True, False
-            pending = self.batcher.submit(steps, len(slots))
-            while not pending.wait(_POLL_S):
-                if self._closing.is_set() or not context.is_active():
-                    return
-            with self._lock:
-                stream.waiting, stream.idle_since = False, time.monotonic()
-            if pending.error is not None:
-                if self._closing.is_set() or self.batcher.closed:
-                    return
-                context.abort(grpc.StatusCode.INTERNAL, f"the learner failed to act: {pending.error!r}")
-            reply = seed_pb2.LearnerMessage()
-            wire.encode(pending.result, reply.actions.action)
+        for data in request_iterator:
+            reply = self._act(stream, self._parse(data, context), expected, context)
+            del data  # hold nothing of a step while the actor steps its envs (or idles)
+            if reply is None:
+                return
             yield reply
             if self._closing.is_set():
                 return
 
-    def _authorized(self, context: grpc.ServicerContext) -> bool:
-        for key, value in context.invocation_metadata():
-            if key == AUTH_KEY:
-                given = value.encode() if isinstance(value, str) else bytes(value)
-                return hmac.compare_digest(given, self._expected_auth)
-        return False
-
-    def _read_hello(self, request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Any:
-        first = next(request_iterator, None)
+    def _read_hello(self, request_iterator: Iterator[Any], context: grpc.ServicerContext) -> tuple[int, str]:
+        """The stream's Hello, checked: (its num_envs, its actor_name)."""
+        data = next(request_iterator, None)
+        if data is not None and len(data) > MAX_HELLO_BYTES:
+            self.stats.count("refused_malformed")
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"a first message of {len(data)} bytes where a Hello of at most {MAX_HELLO_BYTES} is "
+                          f"expected: name the actor host:pid (at most {MAX_NAME_BYTES} bytes)")
+        first = None if data is None else self._parse(data, context)
         if first is None or first.WhichOneof("kind") != "hello":
             self.stats.count("refused_malformed")
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a stream must start with Hello")
@@ -377,14 +425,71 @@ class SeedServer:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                           f"actor speaks protocol {hello.protocol}, the learner {PROTOCOL_VERSION}: "
                           "run the same conveyor version on both")
+        name_bytes = len(hello.actor_name.encode())
+        if name_bytes > MAX_NAME_BYTES:
+            self.stats.count("refused_malformed")
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"actor_name has {name_bytes} bytes; the learner takes at most {MAX_NAME_BYTES} bytes: "
+                          "name the actor host:pid")
         row_bytes = 2 * int(np.prod(self.obs_shape, dtype=np.int64)) * self.obs_dtype.itemsize + 64
-        max_envs = min(MAX_ENV_SLOTS, max(1, self.max_message_bytes // row_bytes))
+        max_envs = min(self.max_actor_envs, MAX_PEER_ENV_SLOTS, max(1, self.max_message_bytes // row_bytes))
         if not 1 <= hello.num_envs <= max_envs:
             self.stats.count("refused_malformed")
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"an actor may run 1 to {max_envs} envs (a step must fit --max-message-bytes), "
-                          f"got {hello.num_envs}")
-        return hello
+                          f"an actor may run 1 to {max_envs} envs (the learner's --max-actor-envs "
+                          f"{self.max_actor_envs}, one host's {MAX_PEER_ENV_SLOTS} env slots, and a step must fit "
+                          f"--max-message-bytes {self.max_message_bytes}), got {hello.num_envs}: "
+                          "start the actor with fewer --num-envs")
+        return hello.num_envs, hello.actor_name
+
+    def _allocate(self, host: str, num_envs: int, context: grpc.ServicerContext) -> list[int]:
+        """``num_envs`` free env slots for a stream from ``host``, within its host's share and the learner's."""
+        with self._lock:
+            held = self._host_slots[host]
+            if held + num_envs <= MAX_PEER_ENV_SLOTS:
+                self._host_slots[host] += num_envs
+        if held + num_envs > MAX_PEER_ENV_SLOTS:
+            self.stats.count("refused_host_slots")
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"client host {host} holds {held} env slots and asks for {num_envs} more; one host may "
+                          f"hold at most {MAX_PEER_ENV_SLOTS} (half the learner's): run actors on more hosts")
+        slots = self.slots.allocate(num_envs)
+        if slots is None:
+            with self._lock:
+                _decrement(self._host_slots, host, num_envs)
+            self.stats.count("refused_no_slots")
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"the learner has no {num_envs} free env slots (at most {MAX_ENV_SLOTS} envs over "
+                          "all actors): start this actor with fewer --num-envs")
+        return slots
+
+    def _parse(self, data: bytes, context: grpc.ServicerContext) -> Any:
+        """The ``ActorMessage`` in ``data``; bytes that are not one end the stream (INVALID_ARGUMENT)."""
+        try:
+            return seed_pb2.ActorMessage.FromString(data)
+        except DecodeError:
+            self.stats.count("refused_malformed")
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"a message of {len(data)} bytes that is not a SEED ActorMessage: run `conveyor actor`")
+
+    def _act(self, stream: _Stream, message: Any, env_ids: np.ndarray, context: grpc.ServicerContext) -> Any:
+        """The reply (actions) to one step message; None when the learner closes or the stream went away."""
+        steps = self._decode_step(message, env_ids, context)
+        with self._lock:
+            stream.waiting, stream.late = True, False
+        pending = self.batcher.submit(steps, len(env_ids))
+        while not pending.wait(_POLL_S):
+            if self._closing.is_set() or not context.is_active():
+                return None
+        with self._lock:
+            stream.waiting, stream.idle_since = False, time.monotonic()
+        if pending.error is not None:
+            if self._closing.is_set() or self.batcher.closed:
+                return None
+            context.abort(grpc.StatusCode.INTERNAL, f"the learner failed to act: {pending.error!r}")
+        reply = seed_pb2.LearnerMessage()
+        wire.encode(pending.result, reply.actions.action)
+        return reply
 
     def _decode_step(self, message: Any, env_ids: np.ndarray, context: grpc.ServicerContext) -> EnvSteps:
         try:
@@ -396,21 +501,20 @@ class SeedServer:
                 raise wire.WireError("env_ids are not the slots the learner gave this stream")
             terminated = wire.decode(step.terminated, "terminated", dtype=np.bool_, tail=(), length=k)
             truncated = wire.decode(step.truncated, "truncated", dtype=np.bool_, tail=(), length=k)
-            reward = wire.decode(step.reward, "reward", dtype=np.float32, tail=(), length=k)
-            if not np.isfinite(reward).all():
-                raise wire.WireError("reward holds NaN or infinity")
-            cut = int((truncated & ~terminated).sum())
+            episode_return = wire.decode(step.episode_return, "episode_return", dtype=np.float32, tail=(), length=k)
+            if np.isinf(episode_return).any():  # NaN means "no episode ended here"
+                raise wire.WireError("episode_return holds infinity")
             steps = EnvSteps(
                 env_ids=ids,
                 run_ids=wire.decode(step.run_ids, "run_ids", dtype=np.int64, tail=(), length=k),
-                obs=wire.decode(step.observation, "observation", dtype=self.obs_dtype, tail=self.obs_shape, length=k),
-                reward=reward,
+                obs=wire.decode(step.observation, "observation", dtype=self.obs_dtype, tail=self.obs_shape, length=k,
+                                finite=True),
+                reward=wire.decode(step.reward, "reward", dtype=np.float32, tail=(), length=k, finite=True),
                 terminated=terminated,
                 truncated=truncated,
                 final_obs=wire.decode(step.final_observation, "final_observation", dtype=self.obs_dtype,
-                                      tail=self.obs_shape, length=cut),
-                episode_return=wire.decode(step.episode_return, "episode_return", dtype=np.float32, tail=(),
-                                           length=k),
+                                      tail=self.obs_shape, length=int((truncated & ~terminated).sum()), finite=True),
+                episode_return=episode_return,
             )
         except wire.WireError as error:
             self.stats.count("refused_malformed")
@@ -420,3 +524,10 @@ class SeedServer:
         if step.env_time_s > 0:
             self.stats.add_env_time(step.env_time_s)
         return steps
+
+
+def _decrement(counter: collections.Counter[str], key: str, amount: int = 1) -> None:
+    """Take ``amount`` from ``counter[key]``, forgetting the key at zero."""
+    counter[key] -= amount
+    if counter[key] <= 0:
+        del counter[key]

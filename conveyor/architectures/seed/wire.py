@@ -4,9 +4,9 @@ What crosses the network is never unpickled: an array travels as its dtype
 string (``np.dtype(x).str``), its shape and its raw bytes (the ``Array``
 message of ``seed.proto``). ``decode`` accepts only plain numeric and bool
 dtypes, checks that the byte count matches the shape exactly, and checks the
-caller's expectations (dtype, trailing shape, leading length), so a
-malformed message becomes a one-line ``WireError``, not a crash or a
-misread buffer.
+caller's expectations (dtype, trailing shape, leading length, finite
+floats), so a malformed message becomes a one-line ``WireError``, not a
+crash, a misread buffer or a NaN in the learner.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import numpy as np
 # strings, structured or void dtypes (those could smuggle pointers or parse ambiguously).
 ALLOWED_KINDS = frozenset("biuf")
 MAX_DIMS = 8
+MAX_DTYPE_CHARS = 8  # "<f8", "|b1": a longer dtype string is not one of ours
 
 
 class WireError(ValueError):
@@ -39,12 +40,15 @@ def encode(array: np.ndarray, message: Any) -> Any:
 
 
 def decode(message: Any, name: str, *, dtype: np.dtype | str | None = None,
-           tail: Sequence[int] | None = None, length: int | None = None) -> np.ndarray:
+           tail: Sequence[int] | None = None, length: int | None = None, finite: bool = False) -> np.ndarray:
     """The array in ``message`` (read-only view of its bytes), checked against the expectations.
 
     ``dtype``: the exact dtype required; ``tail``: the shape after the first axis;
-    ``length``: the size of the first axis. ``name`` names the field in errors.
+    ``length``: the size of the first axis; ``finite``: a float array must hold no NaN or
+    infinity. ``name`` names the field in errors.
     """
+    if len(message.dtype) > MAX_DTYPE_CHARS:
+        raise WireError(f"{name}: unknown dtype {message.dtype[:32]!r}")
     try:
         got = np.dtype(message.dtype)
     except TypeError:
@@ -68,4 +72,7 @@ def decode(message: Any, name: str, *, dtype: np.dtype | str | None = None,
         raise WireError(f"{name}: shape {shape} where [n, {', '.join(map(str, tail))}] is expected")
     if length is not None and shape[0] != length:
         raise WireError(f"{name}: {shape[0]} rows where {length} are expected")
-    return np.frombuffer(message.data, dtype=got).reshape(shape)
+    array = np.frombuffer(message.data, dtype=got).reshape(shape)
+    if finite and got.kind == "f" and not np.isfinite(array).all():
+        raise WireError(f"{name} holds NaN or infinity")
+    return array

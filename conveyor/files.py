@@ -1,0 +1,44 @@
+"""Files replaced whole or not at all: checkpoints, ``config.json``, ``summary.json``, ``metrics.csv``.
+
+``atomic_write(path)`` yields a file for ``path``'s new contents. It is a temp file beside ``path`` with a
+random name, created exclusively (``O_CREAT | O_EXCL | O_NOFOLLOW``), so a file or symlink planted at a
+guessable name is never written through. On success it is flushed, fsynced and renamed over ``path`` (the
+rename replaces a symlink at ``path`` itself, never its target), then the directory is fsynced: a crash
+leaves the old file or the new one, never half of one. On any error it is removed, so a failed write (a full
+disk) leaves no partial file behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from pathlib import Path
+from typing import IO, Any, Iterator
+
+@contextlib.contextmanager
+def atomic_write(path: Path | str, text: bool = False) -> Iterator[IO[Any]]:
+    """A binary (``text``: UTF-8 text, newlines untranslated) file that becomes ``path`` when the block ends
+    without an error; see the module docstring."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")  # hidden; never matches ckpt-*.pt
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    try:
+        with os.fdopen(fd, "w" if text else "wb", **({"encoding": "utf-8", "newline": ""} if text else {})) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def write_text_atomic(path: Path | str, text: str) -> None:
+    with atomic_write(path, text=True) as f:
+        f.write(text)
