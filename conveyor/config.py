@@ -285,7 +285,7 @@ class AlgoCfg:
     """R2D2: epsilon-greedy exploration of the most exploring env slot; slot i of N acts with
     ``exploration_eps ** (1 + 7 i / (N - 1))``."""
     normalize_advantages: bool | None = None
-    """PPO: normalize advantages per minibatch; V-trace: its policy-gradient advantages per batch."""
+    """PPO: normalize advantages per minibatch."""
 
     def __post_init__(self) -> None:
         _typed(self)

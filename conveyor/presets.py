@@ -140,7 +140,6 @@ ALGO: dict[str, dict[str, Any]] = {
         "arch.sync_interval": 128,  # source: as unroll (HTS-RL: one update per swap of alpha steps)
     },
     "vtrace": {
-        "algo.normalize_advantages": False,  # source: IMPALA paper: raw V-trace policy-gradient advantages
         "algo.lr": 6e-4,  # source: IMPALA paper (Espeholt et al. 2018) Atari lr 0.0006 (RMSProp; Adam here)
         "arch.unroll": 20,  # source: IMPALA unroll length 20 (HTS-RL table A4)
     },

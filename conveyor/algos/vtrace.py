@@ -3,9 +3,7 @@
 The learner's own log-probs (detached) are the target policy of the trace;
 ``loss = -mean(logp * pg_advantages) + value_coef * 0.5 mean((V - vs)^2)
 - entropy_coef * entropy`` with ``vs, pg_advantages = vtrace(behaviour_logp, logp, ...,
-clip_rho, clip_c, clip_pg_rho)`` and lambda 1, as in the IMPALA paper. With
-``normalize_advantages`` (not IMPALA's; the continuous-control presets) the
-``pg_advantages`` are standardized per batch, as PPO's are per minibatch.
+clip_rho, clip_c, clip_pg_rho)`` and lambda 1, as in the IMPALA paper.
 """
 
 from __future__ import annotations
@@ -14,7 +12,7 @@ from torch import Tensor
 
 from conveyor.algos import LossFn, actor_critic_total, batch_series, rollout_length
 from conveyor.config import RunCfg
-from conveyor.losses import normalize_advantages, policy_gradient_loss, value_loss
+from conveyor.losses import policy_gradient_loss, value_loss
 from conveyor.models.heads import ModelOut
 from conveyor.returns import vtrace
 
@@ -31,10 +29,7 @@ def make_loss(cfg: RunCfg) -> LossFn:
         targets = vtrace(behaviour_logp, logp, batch_series(batch, "rewards", values),
                          batch_series(batch, "discounts", values), values[:T], values[T],
                          clip_rho=algo.clip_rho, clip_c=algo.clip_c, clip_pg_rho=algo.clip_pg_rho)
-        pg_advantages = targets.pg_advantages
-        if algo.normalize_advantages:
-            pg_advantages = normalize_advantages(pg_advantages)
-        policy = policy_gradient_loss(logp, pg_advantages)
+        policy = policy_gradient_loss(logp, targets.pg_advantages)
         value = value_loss(values[:T], targets.vs)
         entropy = acting.entropy().mean()
         rhos = (logp - behaviour_logp).exp()
