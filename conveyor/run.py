@@ -12,6 +12,7 @@ import os
 import random
 import signal
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -42,8 +43,7 @@ def prepare_out_dir(cfg: RunCfg) -> Path:
         out = Path("runs") / f"{cfg.arch.name}-{cfg.algo.name}-{env_name}-s{cfg.seed}-{stamp}"
     try:
         (out / "checkpoints").mkdir(parents=True, exist_ok=True)
-        write_text_atomic(out / ".write-test", "ok")  # exclusively created: a planted link is never followed
-        (out / ".write-test").unlink()
+        tempfile.TemporaryFile(dir=out).close()  # created exclusively (never through a planted link), then gone
     except OSError as error:
         raise ConfigError(f"output dir {out} is not writable ({error.strerror}): pass --out a writable directory") from None
     return out

@@ -22,7 +22,8 @@ from conveyor.config import AlgoCfg, ArchCfg, EnvCfg, ModelCfg, RunCfg
 from conveyor.envs import make_vector_env
 from conveyor.envs import vector
 from conveyor.errors import WorkerDied, WorkerFailure
-from tests.fault_env import HANGING_ID, TAGGED_ID, BatchRecorder, check_transitions, children, kill_child
+from tests.fault_env import (HANGING_ID, TAGGED_ID, BatchRecorder, check_transitions, children, descendants,
+                              kill_child)
 
 VECTOR_TIMEOUT_S = 2.0
 RUN_TIMEOUT_S = 3.0
@@ -44,14 +45,6 @@ def alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return False
-
-
-def descendants(pid: int) -> list[int]:
-    found, frontier = [], [pid]
-    while frontier:
-        frontier = [child for parent in frontier for child in children(parent)]
-        found += frontier
-    return found
 
 
 def wait_for(condition, what: str, timeout_s: float = PATIENCE_S) -> None:

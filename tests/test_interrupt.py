@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.fault_env import descendants
+
 
 def children_of(pid: int) -> list[int]:
     found = []
@@ -22,14 +24,6 @@ def children_of(pid: int) -> list[int]:
                 continue
             if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
                 found.append(int(entry.name))
-    return found
-
-
-def descendants_of(pid: int) -> list[int]:
-    found, frontier = [], [pid]
-    while frontier:
-        frontier = [child for parent in frontier for child in children_of(parent)]
-        found += frontier
     return found
 
 
@@ -57,7 +51,7 @@ def test_signal_saves_checkpoint_and_exits_without_orphans(tmp_path, arch, algo,
         assert proc.poll() is None, proc.stderr.read()
         assert time.monotonic() < deadline, "the run never started logging"
         time.sleep(0.5)
-    workers = descendants_of(proc.pid)
+    workers = descendants(proc.pid)
     assert workers, "the run should have worker processes"
     signalled = time.monotonic()
     proc.send_signal(sig)
