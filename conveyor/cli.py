@@ -1,4 +1,4 @@
-"""``conveyor train|presets|actor|eval|bench|plot``.
+"""``conveyor train|presets|actor|eval|enjoy|export|bench|plot``.
 
 ``train`` flags are generated from the config dataclasses, one per field,
 with the field's docstring as help; so the README's configuration table,
@@ -45,6 +45,8 @@ SECTIONS: dict[str, type] = {"env": EnvCfg, "model": ModelCfg, "algo": AlgoCfg, 
 # add_arguments(parser) and main(args) -> int.
 EXTERNAL_COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("conveyor.evaluate", "evaluate a run's checkpoints: final, final time and required time metrics"),
+    "enjoy": ("conveyor.enjoy", "watch a run's policy play: episode returns, a window (--render human) or a video"),
+    "export": ("conveyor.export", "export a run's policy network with its preprocessing to TorchScript or ONNX"),
     "bench": ("conveyor.bench", "run a benchmark suite (architectures x algorithms x envs x seeds, peers)"),
     "plot": ("conveyor.plots", "plot returns, SPS and policy-lag histograms of run directories"),
     "actor": ("conveyor.architectures.seed.actor", "run a SEED actor: step envs for a `train --arch seed` learner over gRPC"),

@@ -33,6 +33,7 @@ from typing import Any
 
 import conveyor.presets as presets
 from conveyor.errors import ConfigError
+from conveyor.imports import check_ref, is_ref, object_ref
 from conveyor.presets import IMPACT_PRESETS, is_atari_id, is_minatar_id
 
 ARCHS = ("paac", "ga3c", "seed", "impact", "hts")
@@ -119,9 +120,9 @@ def _non_negative(obj: Any, *names: str) -> None:
             raise ConfigError(f"{name} must be >= 0, got {value}")
 
 
-def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+def _choice(name: str, value: str, choices: tuple[str, ...], more: str = "") -> None:
     if value is not None and value not in choices:
-        raise ConfigError(f"unknown {name} {value!r}: choose one of {', '.join(choices)}")
+        raise ConfigError(f"unknown {name} {value!r}: choose one of {', '.join(choices)}{more}")
 
 
 def _unit_interval(obj: Any, *names: str) -> None:
@@ -134,8 +135,8 @@ def _unit_interval(obj: Any, *names: str) -> None:
 @dataclass(frozen=True)
 class EnvCfg:
     id: str = "CartPole-v1"
-    """A gymnasium id (``CartPole-v1``, ``ALE/Pong-v5``, ``HalfCheetah-v5``, ``MinAtar/Breakout-v1``) or
-    ``conveyor/StepTime-v0``."""
+    """A gymnasium id (``CartPole-v1``, ``ALE/Pong-v5``, ``HalfCheetah-v5``, ``MinAtar/Breakout-v1``),
+    ``conveyor/StepTime-v0``, or ``MODULE:ID`` for an env of your own (importing ``MODULE`` registers ``ID``)."""
     num_envs: int | None = None
     """n_e: envs stepped in lockstep (or, in async architectures, envs per actor/worker group)."""
     num_workers: int = 2
@@ -201,7 +202,8 @@ class EnvCfg:
 class ModelCfg:
     name: str | None = None
     """Encoder: ``mlp``, ``nips_cnn``, ``nature_cnn``, ``impala_resnet``, ``minatar_cnn``; ``auto`` picks mlp for
-    vectors, nature_cnn for images."""
+    vectors, nature_cnn for images; or your own, ``MODULE:CLASS`` (in Python also the class itself), built as
+    ``CLASS(obs_space, **kwargs)`` with an ``out_features`` attribute (README "Your own env and model")."""
     hidden: tuple[int, ...] | None = None
     """MLP hidden layer sizes."""
     lstm_size: int | None = None
@@ -213,8 +215,14 @@ class ModelCfg:
     """Give the value head its own encoder (same architecture) instead of sharing the policy's; no LSTM core."""
 
     def __post_init__(self) -> None:
+        if callable(self.name):  # a class or factory given in Python: kept as its import path (config.json is JSON)
+            object.__setattr__(self, "name", object_ref(self.name, "ModelCfg.name"))
         _typed(self)
-        _choice("model", self.name, MODELS)
+        if self.name is not None and is_ref(self.name):
+            # Imported where a model is built (make_model), not here: GA3C agents read the config and import no torch.
+            check_ref(self.name, f"--model {self.name!r}")
+        else:
+            _choice("model", self.name, MODELS, " (or MODULE:CLASS, an encoder of your own)")
         if self.hidden is not None and (not self.hidden or any(h <= 0 for h in self.hidden)):
             raise ConfigError(f"hidden sizes must be positive, got {self.hidden}")
         _non_negative(self, "lstm_size")
@@ -468,11 +476,12 @@ class RunCfg:
         small to split; a second OpenMP thread spinning beside busy env workers made the default CartPole job
         2.7x slower on a loaded 2-core machine); for the larger CNNs every core for paac (its env workers idle
         while the learner computes) and half the cores for the asynchronous architectures (envs step while the
-        learner computes; oversubscribed OpenMP threads spin, measured 8x slower Nature-CNN forwards)."""
+        learner computes; oversubscribed OpenMP threads spin, measured 8x slower Nature-CNN forwards). An encoder
+        of your own (``MODULE:CLASS``) gets what ``auto`` would."""
         if self.torch_threads:
             return self.torch_threads
         model = self.model.name
-        if model == "auto":  # as ActorCritic picks: nature_cnn for frames (Atari here), mlp for vectors
+        if model == "auto" or is_ref(model):  # as auto picks: nature_cnn for frames (Atari here), mlp for vectors
             model = "nature_cnn" if presets.env_family(self.env.id, self.env.env_args) == "atari" else "mlp"
         if model in ("mlp", "minatar_cnn"):
             return 1

@@ -258,12 +258,10 @@ def default_target(cfg: RunCfg) -> float | None:
     """The run's finite target return, else the env's registered reward threshold, else None."""
     if cfg.target_return is not None and math.isfinite(cfg.target_return):
         return cfg.target_return
-    import gymnasium as gym
+    from conveyor.envs.gym_api import registered_spec
 
-    try:
-        threshold = gym.spec(cfg.env.id).reward_threshold
-    except gym.error.Error:
-        return None
+    spec = registered_spec(cfg.env.id)  # MODULE:ID too
+    threshold = spec.reward_threshold if spec is not None else None
     return float(threshold) if threshold is not None else None
 
 

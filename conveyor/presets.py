@@ -21,7 +21,8 @@ win, even when they equal the preset's.
 Env families (``env_family``): ``atari`` (``ALE/...``, ``...NoFrameskip-v4``),
 ``minatar`` (``MinAtar/...``), ``mujoco`` (the gymnasium entry point lives in
 a ``mujoco`` module), else ``classic-discrete`` or ``classic-continuous`` by
-the action space (``conveyor/StepTime-v0`` is classic-discrete).
+the action space (``conveyor/StepTime-v0`` is classic-discrete; so is an env
+of your own, ``MODULE:ID``, with a Discrete action space).
 
 Every value cites its source in a ``# source:`` comment on its line (a test
 checks): a paper table, a reference configuration (seed_rl, rl-baselines3-zoo

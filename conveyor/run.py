@@ -38,7 +38,7 @@ def prepare_out_dir(cfg: RunCfg) -> Path:
     elif cfg.out:
         out = Path(cfg.out)
     else:
-        env_name = cfg.env.id.replace("/", "_")
+        env_name = cfg.env.id.replace("/", "_").replace(":", "_")  # MODULE:ID
         stamp = time.strftime("%Y%m%d-%H%M%S")
         out = Path("runs") / f"{cfg.arch.name}-{cfg.algo.name}-{env_name}-s{cfg.seed}-{stamp}"
     try:
@@ -59,12 +59,10 @@ def resolve_target_return(cfg: RunCfg) -> float | None:
     """``cfg.target_return``, else the env's registered reward_threshold (None when it has none)."""
     if cfg.target_return is not None:
         return cfg.target_return
-    import gymnasium as gym
+    from conveyor.envs.gym_api import registered_spec
 
-    try:
-        return gym.spec(cfg.env.id).reward_threshold
-    except gym.error.Error:
-        return None
+    spec = registered_spec(cfg.env.id)  # MODULE:ID too
+    return spec.reward_threshold if spec is not None else None
 
 
 class Run:

@@ -118,12 +118,13 @@ def test_atari_args_that_conveyor_sets_are_refused():
 # -- ids and seeds -----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("env_id", ["Foo-v0", "ALE/NoSuchGame-v5", "no_such_module:Env-v0"])
-def test_unknown_id_is_a_one_line_config_error(env_id):
+@pytest.mark.parametrize("env_id, hint", [("Foo-v0", "CartPole-v1"), ("ALE/NoSuchGame-v5", "CartPole-v1"),
+                                           ("no_such_module:Env-v0", "PYTHONPATH")])
+def test_unknown_id_is_a_one_line_config_error(env_id, hint):
     with pytest.raises(ConfigError) as error:
         make_env(EnvCfg(id=env_id), seed=0)
     message = str(error.value)
-    assert repr(env_id) in message and "CartPole-v1" in message and "\n" not in message
+    assert repr(env_id) in message and hint in message and "\n" not in message
 
 
 def test_same_seed_same_episode():

@@ -8,9 +8,15 @@ import importlib
 from typing import Any
 
 from conveyor.config import RunCfg
+from conveyor.imports import is_ref
 
 
 def run(cfg: RunCfg) -> dict[str, Any]:
     """Train with the architecture named by ``cfg.arch.name``; returns the summary."""
+    if is_ref(cfg.model.name):  # an encoder of your own: a misfit is refused before any process starts
+        from conveyor.envs import env_spaces
+        from conveyor.models import make_model
+
+        make_model(cfg.model, *env_spaces(cfg.env, cfg.seed), dueling=cfg.algo.name == "r2d2")
     module = importlib.import_module(f"conveyor.architectures.{cfg.arch.name}.run")
     return module.run(cfg)

@@ -15,6 +15,7 @@ import numpy as np
 
 from conveyor.config import EnvCfg
 from conveyor.envs.atari import make_atari
+from conveyor.envs.check import check_env_api
 from conveyor.envs.gym_api import EPISODE_KEY, gym_make
 from conveyor.envs.minatar import make_minatar
 
@@ -64,7 +65,10 @@ def episode_seed(seed: int, env: int, episode: int) -> int:
 
 
 def env_spaces(cfg: EnvCfg, seed: int) -> tuple[gym.Space, gym.Space]:
-    """The (observation, action) spaces of ``cfg.id`` after our preprocessing, from a throwaway env."""
+    """The (observation, action) spaces of ``cfg.id`` after our preprocessing, from a throwaway env. Every run
+    reads them before it starts a worker, so this is where an env that breaks the API is refused, in one line
+    (``conveyor.envs.check``)."""
+    check_env_api(cfg, seed)
     probe = make_env(cfg, seed)
     try:
         return probe.observation_space, probe.action_space

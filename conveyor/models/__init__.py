@@ -4,7 +4,9 @@ All models take time-major observations ``[T, B, *obs_shape]`` and return a
 ``ModelOut``. uint8 observations (Atari frames) are scaled to [0, 1] inside
 the model so storage and transport keep the compact dtype; float observations
 may be standardized by running statistics (``ModelCfg.normalize_obs``,
-``ObsNormalizer``) kept as buffers, so they travel with the weights.
+``ObsNormalizer``) kept as buffers, so they travel with the weights. The
+encoder is one of ``encoders.ENCODERS`` or your own (``--model MODULE:CLASS``,
+``encoders.custom``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import torch
 from torch import Tensor, nn
 
 from conveyor.config import ConfigError, ModelCfg
+from conveyor.imports import is_ref
+from conveyor.models import encoders
 from conveyor.models.encoders import ENCODERS
 from conveyor.models.heads import Categorical, DiagGaussian, ModelOut, PolicyFamily
 from conveyor.models.normalize import ObsNormalizer
@@ -52,7 +56,10 @@ class ActorCritic(nn.Module):
     ``Learner.apply_gradients``, never in ``forward``.
     """
 
-    def __init__(self, obs_shape: tuple[int, ...], action_space: gym.Space, cfg: ModelCfg, dueling: bool = False):
+    def __init__(self, obs_shape: tuple[int, ...], action_space: gym.Space, cfg: ModelCfg, dueling: bool = False,
+                 observation_space: gym.spaces.Box | None = None):
+        """``observation_space`` (default: an unbounded float32 Box of ``obs_shape``) is what an encoder of your
+        own (``MODULE:CLASS``) is built from."""
         super().__init__()
         self.obs_shape = tuple(obs_shape)
         self.policy = policy_family(action_space)
@@ -60,17 +67,24 @@ class ActorCritic(nn.Module):
         name = cfg.name
         if name == "auto":
             name = "nature_cnn" if len(obs_shape) == 3 else "mlp"
-        if name != "mlp" and len(obs_shape) != 3:
+        custom = is_ref(name)
+        if not custom and name != "mlp" and len(obs_shape) != 3:
             raise ConfigError(f"model {name} needs image observations [C, H, W], got shape {obs_shape}: use --model mlp")
         if name == "mlp" and len(obs_shape) != 1:
             raise ConfigError(f"model mlp needs flat observations, got shape {obs_shape}: use --model nature_cnn")
+        if observation_space is None:
+            observation_space = gym.spaces.Box(-np.inf, np.inf, self.obs_shape, np.float32)
+
+        def build() -> tuple[nn.Module, int]:
+            return encoders.custom(name, observation_space, cfg) if custom else ENCODERS[name](self.obs_shape, cfg)
+
         self.encoder_name = name
         self.obs_normalizer = ObsNormalizer(self.obs_shape) if cfg.normalize_obs else None
-        self.encoder, feat = ENCODERS[name](obs_shape, cfg)
+        self.encoder, feat = build()
         if cfg.separate_value_net and dueling:
             raise ConfigError("separate_value_net splits the policy and value trunks, and a dueling Q head has "
                               "neither: drop --separate-value-net")
-        self.value_encoder = ENCODERS[name](obs_shape, cfg)[0] if cfg.separate_value_net else None
+        self.value_encoder = build()[0] if cfg.separate_value_net else None
         self.lstm_size = cfg.lstm_size
         self.num_actions = self.policy.param_size if self.policy.discrete else 0
         if self.lstm_size:
@@ -148,7 +162,7 @@ def make_model(cfg: ModelCfg, observation_space: gym.Space, action_space: gym.Sp
     if cfg.normalize_obs and observation_space.dtype == np.uint8:
         raise ConfigError("normalize_obs standardizes float observations, and these are uint8 pixels (already "
                           "scaled to [0, 1] in the model): drop --normalize-obs")
-    return ActorCritic(tuple(observation_space.shape), action_space, cfg, dueling)
+    return ActorCritic(tuple(observation_space.shape), action_space, cfg, dueling, observation_space)
 
 
 def parameter_count(model: nn.Module) -> int:

@@ -1,0 +1,293 @@
+"""``load_policy``: a trained run's policy, to play it outside training (``conveyor enjoy`` and ``export``
+are built on it).
+
+``load_policy(run_dir, checkpoint="latest", device="cpu")`` reads the run's
+``config.json`` (as ``--resume`` and ``conveyor eval`` do), loads a checkpoint
+with ``torch.load(weights_only=True)`` and rebuilds the model shaped like it
+(a dueling Q head and an LSTM core are read off its keys: R2D2). The model
+holds its own input preprocessing: uint8 frames are scaled to [0, 1] and the
+observation normalizer's statistics are buffers saved with the weights. What
+the env does (Atari frame skip, 84x84 grayscale, frame stack; MinAtar's
+channel-first frames) comes from ``Policy.make_env``, the run's env as
+``conveyor.envs.make_env`` builds it, with two changes for playing: real games
+(no episodic life) and raw rewards (no clipping, no normalization), so the
+summed step rewards are the env's score.
+
+``Policy.act(obs, state=None, deterministic=False, reward=None)`` takes raw
+observations of that env, one ``obs`` (shape ``observation_space.shape``) or a
+batch (a leading dimension), and returns ``(action, state)``: numpy actions
+ready for ``env.step`` (a numpy integer, or a float32 vector clipped to the
+action bounds; a batch gives a batch), and the recurrent state to pass back
+with the next observation (None for feed-forward models). ``state=None``
+starts an episode. Actor-critic policies sample their distribution (or take
+its mode: argmax logits, the Gaussian mean, with ``deterministic``); Q heads
+(R2D2) act greedily, with exploration ``conveyor.evaluate.EVAL_EPSILON`` unless
+``deterministic``. A recurrent core also reads the previous action (kept in
+the state) and the previous reward: pass the env's last reward as ``reward``
+(its raw value; Atari runs trained on clipped rewards get its sign, as in
+training).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from conveyor.config import ConfigError, EnvCfg, RunCfg
+from conveyor.envs import env_spaces, make_env
+from conveyor.evaluate import EVAL_EPSILON, load_run_config, model_for_checkpoint
+from conveyor.learner import CheckpointError, load_checkpoint, load_latest_checkpoint
+from conveyor.models import ModelOut
+
+
+class RecurrentState(NamedTuple):
+    """A recurrent policy's state between two ``act`` calls (treat it as opaque): the LSTM's ``h`` and ``c``
+    ``[1, B, H]`` and the previous actions ``[B]`` (the core reads them one-hot)."""
+
+    h: Tensor
+    c: Tensor
+    prev_action: Tensor
+
+
+class InferenceNet(nn.Module):
+    """The model with what acting adds, as one module of tensors in and out (``conveyor export`` traces it).
+
+    ``forward(obs [B, *obs_shape] raw dtype[, state_h [1, B, H], state_c, prev_action [B], prev_reward [B]])``
+    returns ``(action, head, value[, next_state_h, next_state_c])``: ``action`` the deterministic action
+    (argmax of the logits or of Q; the Gaussian mean clipped to the action bounds), ``head`` the logits,
+    the Gaussian mean or Q, ``value`` V(obs) (max Q for a Q head). ``prev_reward`` is the env's raw reward;
+    a run trained on Atari's clipped rewards sees its sign, as in training.
+    """
+
+    def __init__(self, model: nn.Module, action_space: gym.Space, sign_rewards: bool):
+        super().__init__()
+        self.model = model
+        self.discrete = bool(model.policy.discrete)
+        self.q_head = bool(model.dueling)
+        self.recurrent = bool(model.lstm_size)
+        self.sign_rewards = sign_rewards
+        if not self.discrete:
+            self.register_buffer("low", torch.as_tensor(action_space.low, dtype=torch.float32))
+            self.register_buffer("high", torch.as_tensor(action_space.high, dtype=torch.float32))
+
+    def outputs(self, obs: Tensor, state_h: Tensor | None = None, state_c: Tensor | None = None,
+                prev_action: Tensor | None = None, prev_reward: Tensor | None = None) -> tuple[Any, Tensor]:
+        """The model's ``ModelOut`` for ``obs`` ``[B, ...]`` (time dimension dropped) and the deterministic actions."""
+        model = self.model
+        if self.recurrent:
+            if self.discrete:  # as ``conveyor eval`` and R2D2's inference feed the core
+                reward = torch.sign(prev_reward) if self.sign_rewards else prev_reward
+                out = model(obs.unsqueeze(0), (state_h, state_c), None, prev_action.unsqueeze(0),
+                            reward.unsqueeze(0))
+            else:
+                out = model(obs.unsqueeze(0), (state_h, state_c))
+        else:
+            out = model(obs.unsqueeze(0))
+        out = ModelOut(out.policy, out.params[0], out.value[0], out.state, None if out.q is None else out.q[0])
+        if self.discrete:
+            greedy = out.params.argmax(-1)
+        else:
+            greedy = self.clip(out.policy.mode(out.params))
+        return out, greedy
+
+    def clip(self, actions: Tensor) -> Tensor:
+        """Continuous actions clipped to the action space's bounds (what IMPACT's workers send their envs)."""
+        return torch.minimum(torch.maximum(actions, self.low), self.high)
+
+    def forward(self, obs: Tensor, state_h: Tensor | None = None, state_c: Tensor | None = None,
+                prev_action: Tensor | None = None, prev_reward: Tensor | None = None) -> tuple[Tensor, ...]:
+        out, greedy = self.outputs(obs, state_h, state_c, prev_action, prev_reward)
+        head = out.params if self.discrete else out.policy.mode(out.params)
+        if self.recurrent:
+            return greedy, head, out.value, out.state[0], out.state[1]
+        return greedy, head, out.value
+
+
+def play_env_cfg(cfg: RunCfg, render_mode: str | None = None) -> EnvCfg:
+    """The run's env settings for playing: real games (no episodic life) and raw rewards (no clipping; the
+    normalization of ``normalize_reward`` is applied only when ``make_env`` gets a discount, and it gets none
+    here); with ``render_mode``, passed to the env's constructor."""
+    env_args = cfg.env.env_args
+    if render_mode is not None:
+        env_args = (*((key, value) for key, value in env_args if key != "render_mode"), ("render_mode", render_mode))
+    return dataclasses.replace(cfg.env, episodic_life=False, clip_rewards=False, env_args=env_args)
+
+
+class Policy:
+    """A run's policy at one checkpoint (see the module docstring); made by ``load_policy``."""
+
+    def __init__(self, cfg: RunCfg, model: nn.Module, checkpoint: Path, checkpoint_state: dict[str, Any],
+                 observation_space: gym.spaces.Box, action_space: gym.Space, device: torch.device,
+                 seed: int | None = None):
+        self.cfg = cfg
+        self.checkpoint = checkpoint
+        self.env_steps = int(checkpoint_state.get("env_steps", 0))
+        self.version = int(checkpoint_state.get("version", 0))
+        self.observation_space = observation_space
+        self.action_space = action_space
+        self.device = device
+        self.model = model.eval().requires_grad_(False)  # inference only (and exported outputs need no .detach())
+        sign_rewards = cfg.env.is_atari and cfg.env.clip_rewards
+        self.net = InferenceNet(self.model, action_space, sign_rewards).to(device).eval()
+        self.generator = torch.Generator()
+        self.seed(seed)
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether the model has an LSTM core (``act`` then returns a state to pass back)."""
+        return self.net.recurrent
+
+    @property
+    def q_head(self) -> bool:
+        """Whether the model is a dueling Q network (R2D2) rather than an actor-critic."""
+        return self.net.q_head
+
+    def seed(self, seed: int | None) -> None:
+        """Seed the random numbers of ``act`` (sampling, epsilon-greedy exploration); None: from the OS."""
+        if seed is None:
+            self.generator.seed()
+        else:
+            self.generator.manual_seed(int(seed))
+
+    def make_env(self, seed: int | None = None, render_mode: str | None = None) -> gym.Env:
+        """A fresh env as the run's policy expects it (``play_env_cfg``): ``conveyor.envs.make_env`` of the run's
+        env settings, reset once with ``seed``; ``render_mode`` (``rgb_array``, ``human``) goes to the env's
+        constructor. Each finished game's raw return is also in ``info["episode"]["r"]`` at its last step."""
+        return make_env(play_env_cfg(self.cfg, render_mode), seed)  # type: ignore[arg-type]
+
+    def initial_state(self, batch_size: int = 1) -> RecurrentState | None:
+        """The state that starts an episode (what ``state=None`` means), for ``batch_size`` envs."""
+        if not self.recurrent:
+            return None
+        h, c = self.model.initial_state(batch_size, self.device)
+        return RecurrentState(h, c, torch.zeros(batch_size, dtype=torch.long, device=self.device))
+
+    def reset_state(self, state: RecurrentState | None, starts: np.ndarray) -> RecurrentState | None:
+        """``state`` with the rows where ``starts`` [B] is true back at an episode's start (a batch of envs
+        whose episodes end at different steps)."""
+        if state is None:
+            return None
+        keep = torch.as_tensor(~np.asarray(starts, dtype=bool), device=self.device)
+        return RecurrentState(state.h * keep.view(1, -1, 1), state.c * keep.view(1, -1, 1),
+                              state.prev_action * keep)
+
+    def _batch(self, obs: Any) -> tuple[Tensor, bool]:
+        array = np.asarray(obs)
+        shape = tuple(self.observation_space.shape)
+        if array.shape == shape:
+            single = True
+            array = array[None]
+        elif array.shape[1:] == shape:
+            single = False
+        else:
+            raise ValueError(f"observation shape {array.shape} is neither the env's {shape} nor a batch of them "
+                             f"[B, {', '.join(map(str, shape))}]: pass observations of policy.make_env()")
+        if array.dtype != self.observation_space.dtype:
+            array = array.astype(self.observation_space.dtype)
+        return torch.as_tensor(array, device=self.device), single
+
+    @torch.no_grad()
+    def act(self, obs: Any, state: RecurrentState | None = None, deterministic: bool = False,
+            reward: Any = None) -> tuple[Any, RecurrentState | None]:
+        """``(action, state)`` for ``obs`` (one observation, or a batch with a leading dimension); see the module
+        docstring. ``state`` None starts an episode; ``reward`` (recurrent policies) is the env's reward of the
+        step that led to ``obs`` (0 at an episode's start)."""
+        x, single = self._batch(obs)
+        batch_size = x.shape[0]
+        inputs: tuple[Tensor, ...] = ()
+        if self.recurrent:
+            if state is None:
+                state = self.initial_state(batch_size)
+                reward = None
+            if state.h.shape[1] != batch_size:
+                raise ValueError(f"the state is for {state.h.shape[1]} envs and the observations for {batch_size}")
+            prev_reward = torch.zeros(batch_size, device=self.device)
+            if reward is not None:
+                prev_reward = torch.as_tensor(np.asarray(reward, dtype=np.float32).reshape(batch_size),
+                                              device=self.device)
+            inputs = (state.h, state.c, state.prev_action, prev_reward)
+        out, greedy = self.net.outputs(x, *inputs)
+        if deterministic:
+            actions = greedy
+        elif self.q_head:
+            explore = torch.rand(batch_size, generator=self.generator) < EVAL_EPSILON
+            uniform = torch.randint(out.q.shape[-1], (batch_size,), generator=self.generator)
+            actions = torch.where(explore.to(greedy.device), uniform.to(greedy.device), greedy)
+        else:
+            actions = out.policy.sample(out.params, None, self.generator)
+            if not self.net.discrete:
+                actions = self.net.clip(actions)
+        next_state = None
+        if self.recurrent:
+            previous = actions if self.net.discrete else state.prev_action
+            next_state = RecurrentState(out.state[0], out.state[1], previous.long())
+        result = actions.cpu().numpy()
+        if not self.net.discrete:
+            result = result.astype(self.action_space.dtype, copy=False)
+        return (result[0] if single else result), next_state
+
+    def describe(self) -> str:
+        """One line: what acts (architecture, algorithm, env, checkpoint)."""
+        kind = "recurrent " if self.recurrent else ""
+        kind += "Q network" if self.q_head else "actor-critic"
+        return (f"{self.cfg.arch.name}/{self.cfg.algo.name} on {self.cfg.env.id}, {kind}, checkpoint "
+                f"{self.checkpoint.name} ({self.env_steps:,} env steps)")
+
+
+def checkpoint_file(run_dir: Path, checkpoint: str | int | None) -> Path | None:
+    """The checkpoint file that ``checkpoint`` names in ``run_dir``: None for the latest (``latest``, None),
+    ``checkpoints/ckpt-<N>.pt`` for an env-step count N, or a path to a ``.pt`` file."""
+    if checkpoint is None or str(checkpoint) == "latest":
+        return None
+    text = str(checkpoint)
+    if text.isdigit():
+        path = run_dir / "checkpoints" / f"ckpt-{int(text):012d}.pt"
+        if not path.is_file():
+            steps = sorted(int(p.stem.split("-")[1]) for p in run_dir.glob("checkpoints/ckpt-*.pt")
+                           if p.stem.split("-")[1].isdigit())
+            there = ", ".join(f"{s}" for s in steps) if steps else "none"
+            raise CheckpointError(f"no checkpoint at {int(text)} env steps in {run_dir}/checkpoints (there are: "
+                                  f"{there}): pass --checkpoint one of them, or latest")
+        return path
+    path = Path(text)
+    if not path.is_file() and (run_dir / "checkpoints" / text).is_file():
+        path = run_dir / "checkpoints" / text
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {text!r} not found: pass --checkpoint latest, an env-step count of a "
+                              f"file in {run_dir}/checkpoints, or a path to a .pt file")
+    return path
+
+
+def load_policy(run_dir: Path | str, checkpoint: str | int | None = "latest", device: str | torch.device = "cpu",
+                seed: int | None = None) -> Policy:
+    """The policy of the run in ``run_dir`` at ``checkpoint``: ``latest`` (the newest checkpoint that loads), an
+    env-step count (``checkpoints/ckpt-<N>.pt``) or a path to a checkpoint file; on ``device``. ``seed`` seeds
+    the random numbers of ``act``. A directory without ``config.json`` is a ``ConfigError``, a missing or
+    unreadable checkpoint a ``CheckpointError`` (one line each, naming the fix)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ConfigError(f"run directory {run_dir} does not exist: pass the --out DIR of a conveyor run")
+    cfg = load_run_config(run_dir)
+    try:
+        device = torch.device(device)
+    except RuntimeError:
+        raise ConfigError(f"unknown device {str(device)!r}: use cpu, cuda or cuda:N") from None
+    path = checkpoint_file(run_dir, checkpoint)
+    if path is None:
+        path, state = load_latest_checkpoint(run_dir, device)
+    else:
+        state = load_checkpoint(path, device)
+    observation_space, action_space = env_spaces(play_env_cfg(cfg), cfg.seed)
+    model = model_for_checkpoint(cfg, observation_space, action_space, state["model"])
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as error:
+        raise CheckpointError(f"checkpoint {path} does not fit the model of {run_dir}/config.json "
+                              f"({str(error).strip().splitlines()[0]})") from None
+    return Policy(cfg, model.to(device), path, state, observation_space, action_space, device, seed)

@@ -1,0 +1,1 @@
+"""Examples of an env and a network of your own (README "Your own env and model")."""
