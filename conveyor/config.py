@@ -207,7 +207,8 @@ class ModelCfg:
     hidden: tuple[int, ...] | None = None
     """MLP hidden layer sizes."""
     lstm_size: int | None = None
-    """Width of an LSTM core after the encoder, 0 for none (r2d2 needs one)."""
+    """Width of an LSTM core after the encoder, 0 for none: r2d2 needs one; the actor-critic algorithms run
+    feed-forward models."""
     normalize_obs: bool | None = None
     """Standardize float observations at the model's input by running mean/std statistics (clipped to [-10, 10]),
     updated by the learner after each update and sent to actors with the weights; not for uint8 pixels."""
@@ -452,6 +453,11 @@ class RunCfg:
         if self.algo.name == "r2d2" and not self.model.lstm_size:
             raise ConfigError("--algo r2d2 runs a recurrent Q network: pass --lstm-size > 0 (or leave it to the "
                               "preset)")
+        if self.algo.name != "r2d2" and self.model.lstm_size:
+            # The actor-critic paths act step by step without carrying a core's state (only R2D2's inference
+            # keeps it per env), so a recurrent actor-critic would learn from unrolls it never acted with.
+            raise ConfigError(f"--algo {self.algo.name} runs feed-forward models (only --algo r2d2 has a recurrent "
+                              "core): drop --lstm-size")
         if self.arch.name == "impact" and self.algo.kl_coef > 0 and not self.arch.use_target_network:
             raise ConfigError("--kl-coef penalises KL(target || learner) and needs the target network: "
                               "drop --no-use-target-network or set --kl-coef 0")

@@ -80,13 +80,9 @@ class InferenceNet(nn.Module):
                 prev_action: Tensor | None = None, prev_reward: Tensor | None = None) -> tuple[Any, Tensor]:
         """The model's ``ModelOut`` for ``obs`` ``[B, ...]`` (time dimension dropped) and the deterministic actions."""
         model = self.model
-        if self.recurrent:
-            if self.discrete:  # as ``conveyor eval`` and R2D2's inference feed the core
-                reward = torch.sign(prev_reward) if self.sign_rewards else prev_reward
-                out = model(obs.unsqueeze(0), (state_h, state_c), None, prev_action.unsqueeze(0),
-                            reward.unsqueeze(0))
-            else:
-                out = model(obs.unsqueeze(0), (state_h, state_c))
+        if self.recurrent:  # R2D2's (the one recurrent model), fed as ``conveyor eval`` and its inference feed it
+            reward = torch.sign(prev_reward) if self.sign_rewards else prev_reward
+            out = model(obs.unsqueeze(0), (state_h, state_c), None, prev_action.unsqueeze(0), reward.unsqueeze(0))
         else:
             out = model(obs.unsqueeze(0))
         out = ModelOut(out.policy, out.params[0], out.value[0], out.state, None if out.q is None else out.q[0])
@@ -225,8 +221,7 @@ class Policy:
                 actions = self.net.clip(actions)
         next_state = None
         if self.recurrent:
-            previous = actions if self.net.discrete else state.prev_action
-            next_state = RecurrentState(out.state[0], out.state[1], previous.long())
+            next_state = RecurrentState(out.state[0], out.state[1], actions.long())
         result = actions.cpu().numpy()
         if not self.net.discrete:
             result = result.astype(self.action_space.dtype, copy=False)

@@ -41,7 +41,6 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     cfgs = {
         "paac": RunCfg(**_cartpole(total_steps=400), model=ModelCfg(hidden=(16,))),
-        "lstm": RunCfg(**_cartpole(total_steps=200), model=ModelCfg(hidden=(16,), lstm_size=8)),
         "pendulum": RunCfg(env=EnvCfg(id="Pendulum-v1", num_envs=2, num_workers=1), model=ModelCfg(hidden=(16,)),
                            algo=AlgoCfg(name="ppo", ppo_epochs=1, ppo_minibatches=1), arch=ArchCfg(unroll=16),
                            total_steps=64, progress=False, torch_threads=1, seed=0),
@@ -78,10 +77,10 @@ def rollout(policy, steps, seed=0, deterministic=True):
 
 
 # ---- load_policy ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["paac", "lstm", "pendulum", "r2d2"])
+@pytest.mark.parametrize("name", ["paac", "pendulum", "r2d2"])
 def test_load_policy_acts_validly_and_deterministically(runs, name):
     policy = conveyor.load_policy(runs[name], seed=3)
-    assert policy.recurrent == (name in ("lstm", "r2d2")) and policy.q_head == (name == "r2d2")
+    assert policy.recurrent == (name == "r2d2") and policy.q_head == (name == "r2d2")
     record = rollout(policy, 30, deterministic=False)  # sampled actions all lie in the action space
     obs = record[5][0]
     first, _ = policy.act(obs, deterministic=True)
@@ -111,7 +110,7 @@ def test_continuous_actions_are_clipped_to_the_bounds_and_float32(runs):
 
 
 def test_recurrent_state_is_carried_and_reset(runs):
-    for name in ("lstm", "r2d2"):
+    for name in ("r2d2",):
         policy = load_policy(runs[name])
         env = policy.make_env(seed=0)
         obs, _ = env.reset(seed=0)

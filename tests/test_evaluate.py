@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conveyor.cli import main
-from conveyor.config import EnvCfg, ModelCfg, RunCfg
+from conveyor.config import AlgoCfg, ArchCfg, EnvCfg, ModelCfg, RunCfg
 from conveyor.envs import STEP_TIME_ID, make_env
 from conveyor.evaluate import (
     ModelAgent,
@@ -139,7 +139,8 @@ def test_eval_command_prints_the_table_and_exits_2_on_bad_runs(tmp_path, capsys)
 
 def test_q_head_and_recurrent_core_are_read_off_the_checkpoint():
     env = make_env(EnvCfg(id="CartPole-v1"), 0)
-    saved = make_model(RunCfg(model=ModelCfg(hidden=(16,), lstm_size=8)).model, env.observation_space,
+    saved = make_model(RunCfg(arch=ArchCfg(name="seed"), algo=AlgoCfg(name="r2d2"),
+                              model=ModelCfg(hidden=(16,), lstm_size=8)).model, env.observation_space,
                        env.action_space, dueling=True)
     cfg = RunCfg(model=ModelCfg(hidden=(16,)))  # the config leaves the core and the head implicit (R2D2)
     model = model_for_checkpoint(cfg, env.observation_space, env.action_space, saved.state_dict())

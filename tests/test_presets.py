@@ -128,6 +128,14 @@ def test_r2d2_needs_a_recurrent_core():
         RunCfg(arch=ArchCfg(name="seed"), algo=AlgoCfg(name="r2d2"), model=ModelCfg(lstm_size=0))
 
 
+@pytest.mark.parametrize("arch, algo", [("paac", "a2c"), ("paac", "ppo"), ("hts", "a2c"), ("ga3c", "ga3c"),
+                                        ("seed", "vtrace"), ("impact", "impact")])
+def test_actor_critics_refuse_a_recurrent_core(arch, algo):
+    # Their acting is step by step with no core state carried, so a recurrent model would not act as it learns.
+    with pytest.raises(ConfigError, match="runs feed-forward models .* drop --lstm-size"):
+        RunCfg(arch=ArchCfg(name=arch), algo=AlgoCfg(name=algo), model=ModelCfg(lstm_size=8))
+
+
 @pytest.mark.parametrize("cfg", [
     RunCfg(),
     RunCfg(env=EnvCfg(id="Pendulum-v1", env_args=(("g", 9.81),)), arch=ArchCfg(name="impact")),

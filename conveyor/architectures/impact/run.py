@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from conveyor import algos
-from conveyor.config import ConfigError, RunCfg
+from conveyor.config import RunCfg
 from conveyor.errors import WorkerFailure
 from conveyor.envs import env_spaces
 from conveyor.models import make_model
@@ -53,8 +53,6 @@ from conveyor.architectures.impact.params import ParamBlock
 from conveyor.storage.shm import SharedArrays
 
 def run(cfg: RunCfg) -> dict[str, Any]:
-    if cfg.model.lstm_size:
-        raise ConfigError("--arch impact workers act with feed-forward policies: drop --lstm-size")
     arch, use_target = cfg.arch, cfg.arch.use_target_network and cfg.algo.name == "impact"
     with Run(cfg) as run:
         obs_space, action_space = env_spaces(cfg.env, cfg.seed)

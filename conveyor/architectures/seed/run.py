@@ -96,8 +96,6 @@ class ActorCriticPolicy:
 
 
 def check_config(cfg: RunCfg) -> None:
-    if cfg.model.lstm_size and cfg.algo.name == "vtrace":
-        raise ConfigError("--arch seed --algo vtrace runs feed-forward models: drop --lstm-size")
     if cfg.arch.listen.startswith("unix:") and len(unix_socket_path(cfg.arch.listen)) > 100:
         raise ConfigError(f"unix socket path {unix_socket_path(cfg.arch.listen)!r} is too long (unix sockets "
                           "allow about 100 characters): pick a shorter --listen unix:PATH")
