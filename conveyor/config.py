@@ -365,12 +365,15 @@ class ArchCfg:
     replay_bytes: int = 2 * 1024**3
     """R2D2: replay memory budget in bytes, checked at start."""
     replay_capacity: int | None = None
-    """R2D2: sequences held in replay."""
+    """R2D2: env steps held in replay (each frame is stored once; about ``seq_len / 2`` steps per sequence)."""
     min_replay: int | None = None
     """R2D2: sequences stored before learning starts."""
     replay_ratio: float | None = None
     """R2D2: sequences sampled per sequence inserted (with sequences overlapping by half, each step is replayed twice
     that often). The learner waits for new data and the actors for the learner; 0 lets both run free."""
+    checkpoint_replay: bool = True
+    """R2D2: write the replay (frames zlib-compressed) and its sampler state into checkpoints, so ``--resume``
+    goes on learning without refilling it; ``--no-checkpoint-replay`` for replays too big to write each time."""
     # impact
     worker_batch: int | None = None
     """IMPACT: steps per env in one worker batch (S)."""
@@ -441,6 +444,18 @@ class RunCfg:
     """Show the console progress line."""
     torch_threads: int = 0
     """Intra-op threads of the learner's torch; 0 picks them by model and architecture (``learner_threads``)."""
+    wandb: str = ""
+    """Weights & Biases project to log the metrics rows, the config and the videos to; empty: off.
+    Needs ``pip install 'conveyor[wandb]'``; with ``WANDB_MODE=offline`` it logs without a network."""
+    wandb_entity: str = ""
+    """With ``--wandb``: the W&B user or team that owns the project; empty: your default entity."""
+    wandb_group: str = ""
+    """With ``--wandb``: the W&B group of the run (e.g. the seeds of one setting); empty: none."""
+    wandb_name: str = ""
+    """With ``--wandb``: the W&B run's display name; empty: the output directory's name."""
+    capture_video_every: int = 0
+    """Env steps between evaluation episodes recorded during training; 0: off.
+    Each is ``conveyor enjoy`` of the checkpoint written there, into ``videos/step-<steps>.mp4`` (and W&B)."""
 
     def __post_init__(self) -> None:
         _typed(self)
@@ -449,7 +464,7 @@ class RunCfg:
             object.__setattr__(self, name, value)
         object.__setattr__(self, "_preset_sources", resolved.sources)
         _positive(self, "total_steps", "log_interval_s", "keep_checkpoints")
-        _non_negative(self, "time_limit_s", "checkpoint_every", "seed", "torch_threads")
+        _non_negative(self, "time_limit_s", "checkpoint_every", "seed", "torch_threads", "capture_video_every")
         if self.algo.name == "r2d2" and not self.model.lstm_size:
             raise ConfigError("--algo r2d2 runs a recurrent Q network: pass --lstm-size > 0 (or leave it to the "
                               "preset)")

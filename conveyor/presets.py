@@ -117,7 +117,7 @@ BASE: dict[str, Any] = {
     "arch.batch_size": 32,  # source: IMPALA batch 32 (HTS-RL table A4)
     "arch.seq_len": 80,  # source: seed_rl gcp/train_atari.sh: unroll_length 80 (R2D2)
     "arch.burn_in": 40,  # source: SEED table 8: 40 burn-in steps
-    "arch.replay_capacity": 10_000,  # source: SEED table 8 holds 1e5; 1e4 keeps an MLP run within 2 GiB
+    "arch.replay_capacity": 400_000,  # source: SEED table 8 holds 1e5 sequences; 1e4 of 40 new steps (4e5 steps) here
     "arch.min_replay": 500,  # source: SEED table 8: 5000 of 1e5 sequences (5%), here 5% of the capacity
     "arch.replay_ratio": 0.75,  # source: SEED table 8 (replay ratio 0.75)
     "arch.worker_batch": 50,  # source: IMPACT table 1: sample batch size 50
@@ -298,8 +298,8 @@ ALGO_FAMILY: dict[tuple[str, str], dict[str, Any]] = {
         "model.lstm_size": 512,  # source: SEED table 8 / R2D2: LSTM 512
         "algo.gamma": 0.997,  # source: SEED table 8: discount 0.997
         "arch.batch_size": 64,  # source: SEED table 8: training batch size 64
-        "arch.replay_capacity": 800,  # source: SEED table 8 holds 1e5; 800 sequences of 80 frames fit 2 GiB
-        "arch.min_replay": 40,  # source: SEED table 8: 5% of the capacity before learning starts
+        "arch.replay_capacity": 250_000,  # source: SEED table 8 holds 1e5 sequences; 250k steps of one frame fit 2 GiB
+        "arch.min_replay": 312,  # source: SEED table 8: 5% of the capacity (312 sequences of 40 new steps) first
     },
     ("r2d2", "classic-discrete"): {
         "env.num_envs": 8,  # source: tuned here: tests/test_r2d2.py CartPole run (2 local actors x 8 envs)
@@ -308,7 +308,7 @@ ALGO_FAMILY: dict[tuple[str, str], dict[str, Any]] = {
         "arch.seq_len": 20,  # source: tuned here: tests/test_r2d2.py CartPole run
         "arch.burn_in": 5,  # source: tuned here: tests/test_r2d2.py CartPole run
         "arch.min_replay": 50,  # source: tuned here: tests/test_r2d2.py CartPole run
-        "arch.replay_capacity": 2000,  # source: tuned here: tests/test_r2d2.py CartPole run
+        "arch.replay_capacity": 20_000,  # source: tuned here: tests/test_r2d2.py CartPole run (2000 sequences)
         "arch.replay_ratio": 8.0,  # source: tuned here: seed/r2d2 CartPole-v1 seed 1: 475 at 294k (2.0: 113 at 300k)
         "algo.exploration_eps": 0.1,  # source: tuned here: as replay_ratio; rl-zoo dqn.yml CartPole-v1 final eps 0.04
         "arch.target_update": 100,  # source: tuned here: tests/test_r2d2.py CartPole run (syncs every 100 updates)

@@ -1,5 +1,6 @@
 """What every architecture's run shares: output directory, seeding, the learner
-with resume, stop conditions, signals, periodic checkpoints and the summary.
+with resume, stop conditions, signals, periodic checkpoints, the summary, and
+tracking (W&B, videos during training, TensorBoard hparams: ``tracking.py``).
 
 An architecture wires its own parts inside ``with Run(cfg) as run:`` and
 returns ``run.finish(learner)``.
@@ -28,6 +29,7 @@ from conveyor.errors import WorkerFailure
 from conveyor.files import write_text_atomic
 from conveyor.learner import Learner, LossFn, load_latest_checkpoint
 from conveyor.telemetry import Telemetry
+from conveyor.tracking import VideoCapture, WandbTracker, flat_config, import_wandb
 
 
 def prepare_out_dir(cfg: RunCfg) -> Path:
@@ -65,11 +67,18 @@ def resolve_target_return(cfg: RunCfg) -> float | None:
     return spec.reward_threshold if spec is not None else None
 
 
+def checkpoint_steps(path: Path) -> int:
+    """The env steps in a checkpoint's name, ``ckpt-<env steps>.pt``."""
+    return int(path.stem.rpartition("-")[2])
+
+
 class Run:
     """Context for one training run; see the module docstring."""
 
     def __init__(self, cfg: RunCfg):
         self.cfg = cfg
+        if cfg.wandb:
+            import_wandb()  # a missing package fails before anything is written
         self.out = prepare_out_dir(cfg)
         seed_everything(cfg.seed)
         torch.set_num_threads(cfg.learner_threads)
@@ -88,12 +97,24 @@ class Run:
                                    total_steps=cfg.total_steps)
         self.stop_event = threading.Event()
         self.stop_reason = ""
+        self.interrupted = threading.Event()  # a signal came: stop a video in flight rather than wait for it
         self._closers: list[Any] = []
         self._previous_handlers: dict[int, Any] = {}
         self._next_checkpoint = cfg.checkpoint_every or 0
         self._learner: Learner | None = None
         self._resume_state_fn: Any = None
+        self._final_checkpoint: Path | None = None
         self.target_return = resolve_target_return(cfg)
+        self.videos = VideoCapture(self.out, cfg.capture_video_every, self.telemetry) if cfg.capture_video_every \
+            else None
+        self.wandb: WandbTracker | None = None
+        if cfg.wandb:
+            try:
+                self.wandb = WandbTracker.open(cfg, self.out)
+            except BaseException:
+                self.telemetry.close()
+                raise
+            self.telemetry.add_sink(self.wandb)
 
     # ---- lifecycle -----------------------------------------------------------------------
     def __enter__(self) -> "Run":
@@ -109,11 +130,22 @@ class Run:
         for closer in reversed(self._closers):
             with contextlib.suppress(Exception):
                 closer()
+        if self.videos is not None:
+            # After the closers, so that no env steps on while it plays (SEED's actors would). A finished run
+            # records the final checkpoint's video when one is due; a signal or a failure stops the recording
+            # in flight.
+            if exc is None and self._final_checkpoint is not None:
+                self.videos.record_final(self._final_checkpoint, checkpoint_steps(self._final_checkpoint),
+                                         stop=self.interrupted.is_set)
+            self.videos.stop()
         for sig, handler in self._previous_handlers.items():
             signal.signal(sig, handler)
         self.telemetry.close()
+        if self.wandb is not None:
+            self.wandb.finish(exit_code=0 if exc is None else 1)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
+        self.interrupted.set()
         self.request_stop(f"signal {signal.Signals(signum).name}")
 
     def request_stop(self, reason: str) -> None:
@@ -146,6 +178,8 @@ class Run:
             learner.restore(state, self.resume_path)
             self.telemetry.resume_from(state)
             self._next_checkpoint = self.telemetry.env_steps + (self.cfg.checkpoint_every or 0)
+            if self.videos is not None:
+                self.videos.start_at(self.telemetry.env_steps)
             self._write_config()
         self._learner = learner
         return learner
@@ -181,9 +215,17 @@ class Run:
             self.checkpoint_if_due(learner)
 
     def checkpoint_if_due(self, learner: Learner) -> None:
-        if self.cfg.checkpoint_every and self.telemetry.env_steps >= self._next_checkpoint:
-            self.checkpoint(learner)
-            self._next_checkpoint += self.cfg.checkpoint_every
+        """A periodic checkpoint when one is due; also one where a video is due (``--capture-video-every``),
+        whose recording then starts."""
+        steps = self.telemetry.env_steps
+        periodic = bool(self.cfg.checkpoint_every) and steps >= self._next_checkpoint
+        video = self.videos is not None and self.videos.due(steps) and not self.interrupted.is_set()
+        if periodic or video:
+            path = self.checkpoint(learner)
+            if periodic:
+                self._next_checkpoint += self.cfg.checkpoint_every
+            if video:
+                self.videos.record(path, checkpoint_steps(path))  # type: ignore[union-attr]
 
     def should_stop(self) -> bool:
         cfg, tel = self.cfg, self.telemetry
@@ -215,8 +257,9 @@ class Run:
         return path
 
     def finish(self, learner: Learner, **extra: Any) -> dict[str, Any]:
-        """Final checkpoint, summary.json; returns the summary."""
-        self.checkpoint(learner)
+        """Final checkpoint (its video, when one is due, is recorded as the run closes), summary.json,
+        TensorBoard hparams; returns the summary."""
+        self._final_checkpoint = self.checkpoint(learner)
         if learner.skipped_updates:
             print(f"conveyor: warning: {learner.skipped_updates} updates were skipped because their loss or "
                   "gradients were not finite (skipped_updates in summary.json): check the env's observations and "
@@ -235,4 +278,7 @@ class Run:
             **extra,
         )
         self.telemetry.write_summary(summary)
+        self.telemetry.write_hparams(flat_config(self.cfg))
+        if self.wandb is not None:
+            self.wandb.summary(summary)
         return summary

@@ -2,7 +2,9 @@
 
 One ``Telemetry`` per run writes ``metrics.csv`` (a row per log interval, one
 header: ``MetricsCsv``), TensorBoard events, a console progress line, and
-``summary.json``. The key
+``summary.json``; each row also goes to the sinks added with ``add_sink``
+(W&B: ``conveyor/tracking.py``), and at the end the config goes to TensorBoard
+as hparams (``write_hparams``). The key
 names of ``summary.json`` are an interface read by ``conveyor bench`` and
 ``conveyor eval``: ``env_steps``, ``wall_time_s``, ``sps``, ``episodes``,
 ``return_mean_last100``, ``policy_lag`` {``mean``, ``max``, ``histogram``},
@@ -58,7 +60,10 @@ class Telemetry:
         self.last_metrics: dict[str, float] = {}
         self._last_log_time = self.start_time
         self._last_log_steps = start_steps
-        self._output_lock = threading.Lock()  # one writer of metrics.csv and TensorBoard at a time
+        self._output_lock = threading.Lock()  # one writer of metrics.csv, TensorBoard and sinks at a time
+        self._sinks: list[Any] = []
+        self._once: dict[str, float] = {}  # values for the next row only (add_eval)
+        self._media: dict[str, Path] = {}  # files that go to the sinks with the next row
         self._csv = MetricsCsv(self.out_dir / "metrics.csv")
         self._tb = None
         if tensorboard:
@@ -144,6 +149,18 @@ class Telemetry:
         with self._lock:
             self.gauges[name] = float(value)
 
+    def add_eval(self, values: dict[str, float], media: dict[str, Path] | None = None) -> None:
+        """Write a row now holding ``values`` (an evaluation's ``eval/return``, ...), which later rows do not
+        repeat; ``media`` (name -> video file) goes to the sinks with it."""
+        with self._lock:
+            self._once.update(values)
+            self._media.update(media or {})
+        self.maybe_log(force=True)
+
+    def add_sink(self, sink: Any) -> None:
+        """Send every row to ``sink.log(row, media)`` too, after metrics.csv and TensorBoard."""
+        self._sinks.append(sink)
+
     # ---- derived -------------------------------------------------------------------------
     @property
     def wall_time_s(self) -> float:
@@ -163,32 +180,36 @@ class Telemetry:
 
     # ---- output --------------------------------------------------------------------------
     def maybe_log(self, force: bool = False) -> None:
-        now = time.perf_counter()
-        if not force and now - self._last_log_time < self.log_interval_s:
+        if not force and time.perf_counter() - self._last_log_time < self.log_interval_s:
             return
-        with self._lock:
-            interval_sps = (self.env_steps - self._last_log_steps) / max(now - self._last_log_time, 1e-9)
-            self._last_log_time, self._last_log_steps = now, self.env_steps
-            row: dict[str, float] = {
-                "env_steps": self.env_steps,
-                "wall_time_s": now - self.start_time,
-                "sps": interval_sps,
-                "episodes": self.episodes,
-                "updates": self.updates,
-                "return_mean_last100": float(np.mean(self.returns)) if self.returns else float("nan"),
-                **{f"time_{k}": v for k, v in self.time_split.items()},
-                **{f"loss/{k}": v for k, v in self.last_metrics.items()},
-                **self.gauges,
-                **{f"count/{k}": v for k, v in self.counters.items()},
-            }
-        lag = self.lag_summary()
-        row["lag_mean"], row["lag_max"] = lag["mean"], lag["max"]
-        with self._output_lock:
+        with self._output_lock:  # made and written in one order (threads log too): env_steps never goes back
+            now = time.perf_counter()
+            with self._lock:
+                interval_sps = (self.env_steps - self._last_log_steps) / max(now - self._last_log_time, 1e-9)
+                self._last_log_time, self._last_log_steps = now, self.env_steps
+                row: dict[str, float] = {
+                    "env_steps": self.env_steps,
+                    "wall_time_s": now - self.start_time,
+                    "sps": interval_sps,
+                    "episodes": self.episodes,
+                    "updates": self.updates,
+                    "return_mean_last100": float(np.mean(self.returns)) if self.returns else float("nan"),
+                    **{f"time_{k}": v for k, v in self.time_split.items()},
+                    **{f"loss/{k}": v for k, v in self.last_metrics.items()},
+                    **self.gauges,
+                    **{f"count/{k}": v for k, v in self.counters.items()},
+                    **self._once,
+                }
+                media, self._once, self._media = self._media, {}, {}
+            lag = self.lag_summary()
+            row["lag_mean"], row["lag_max"] = lag["mean"], lag["max"]
             self._csv.write(row)
             if self._tb is not None:
                 for key, value in row.items():
                     if key != "env_steps" and isinstance(value, (int, float)) and math.isfinite(value):
                         self._tb.add_scalar(key, value, int(row["env_steps"]))
+            for sink in self._sinks:
+                sink.log(row, media)
         if self.progress:
             self._print_progress(row)
 
@@ -231,6 +252,19 @@ class Telemetry:
         curve = np.array(self.return_curve, dtype=np.float64).reshape(-1, 3)
         np.savetxt(self.out_dir / "returns.csv", curve, delimiter=",", header="env_steps,wall_time_s,return",
                    comments="", fmt=["%d", "%.3f", "%.3f"])
+
+    def write_hparams(self, hparams: dict[str, Any], metric: str = "return_mean_last100") -> None:
+        """The run's config values as TensorBoard hparams (the HPARAMS tab), with the scalar ``metric`` as their
+        metric: the hparams plugin shows its last value, the one the final row wrote."""
+        if self._tb is None:
+            return
+        from torch.utils.tensorboard.summary import hparams as hparams_summaries
+
+        with self._output_lock:
+            writer = self._tb.file_writer
+            for summary in hparams_summaries(hparams, {metric: self.return_mean_last100}):
+                writer.add_summary(summary, self.env_steps)
+            self._tb.flush()
 
     def close(self) -> None:
         if self.progress:

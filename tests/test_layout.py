@@ -15,7 +15,7 @@ SHARED = ("conveyor.envs", "conveyor.storage", "conveyor.models", "conveyor.retu
           "conveyor.algos", "conveyor.procs", "conveyor.config", "conveyor.presets", "conveyor.errors",
           "conveyor.files")
 UPPER = ("conveyor.architectures", "conveyor.run", "conveyor.learner", "conveyor.cli", "conveyor.bench",
-         "conveyor.telemetry", "conveyor.evaluate")
+         "conveyor.telemetry", "conveyor.tracking", "conveyor.evaluate")
 
 
 def module_files() -> dict[str, Path]:

@@ -105,10 +105,10 @@ def random_sequences(count, L=4, obs_shape=(3,), H=2, offset=0):
 
 
 def test_replay_starts_marked_and_returns_time_major_sequences():
-    replay = SequenceReplay(8, 4, (3,), torch.uint8, 2)
-    assert (replay.fields["obs"] == UINT8_MARKER).all() and (replay.fields["actions"] == -1).all()
-    assert torch.isnan(replay.fields["rewards"]).all()
-    replay = SequenceReplay(8, 4, (3,), torch.float32, 2)
+    replay = SequenceReplay(40, 4, (3,), torch.uint8, 2)
+    assert (replay.ring["frame"] == UINT8_MARKER).all() and (replay.ring["actions"] == -1).all()
+    assert torch.isnan(replay.ring["rewards"]).all() and not replay.table["live"].any()
+    replay = SequenceReplay(40, 4, (3,), torch.float32, 2)
     ids = replay.insert(random_sequences(3))
     assert ids.tolist() == [0, 1, 2] and len(replay) == 3
     batch = replay.sample(5, np.random.default_rng(0))
@@ -120,7 +120,7 @@ def test_replay_starts_marked_and_returns_time_major_sequences():
 
 
 def test_importance_weights_are_normalized_by_their_max():
-    replay = SequenceReplay(4, 4, (3,), torch.float32, 2, priority_exponent=0.9, importance_exponent=0.6)
+    replay = SequenceReplay(20, 4, (3,), torch.float32, 2, priority_exponent=0.9, importance_exponent=0.6)
     ids = replay.insert(random_sequences(4))
     raw = np.array([1.0, 2.0, 4.0, 8.0])
     replay.update_priorities(ids, raw)
@@ -133,15 +133,17 @@ def test_importance_weights_are_normalized_by_their_max():
 
 
 def test_replay_evicts_oldest_and_skips_priorities_of_evicted_ids():
-    replay = SequenceReplay(4, 4, (3,), torch.float32, 2)
+    replay = SequenceReplay(20, 4, (3,), torch.float32, 2)  # 20 steps: 4 unrelated sequences of 5 observations
     old = replay.insert(random_sequences(3))
-    replay.insert(random_sequences(3, offset=100))  # ids 3..5 take slots 3, 0, 1
+    replay.insert(random_sequences(3, offset=100))  # ids 3..5 overwrite the steps of ids 0 and 1
     assert len(replay) == 4 and replay.inserted == 6
-    assert replay.fields["rewards"][0].tolist() == [101, 102, 2, 100]  # each slot holds its newest sequence
-    assert replay.fields["state_h"][:, 0].tolist() == [101, 102, 2, 100]
-    # ids 0 and 1 are gone; only id 2 (slot 2) is still live.
+    batch = replay.sample(200, np.random.default_rng(0))
+    assert set(batch["ids"].tolist()) == {2, 3, 4, 5}
+    assert set(batch["rewards"][0].tolist()) == {2, 100, 101, 102}
+    # ids 0 and 1 are gone; only id 2 is still live.
     assert replay.update_priorities(old, np.array([5.0, 5.0, 7.0])) == 1
     assert replay.priorities_of(np.array([2]))[0] == pytest.approx(7.0 ** 0.9)
+    assert replay.priorities_of(np.array([0, 1])).tolist() == [0.0, 0.0]
     assert replay.max_priority == 7.0
     # New sequences enter with the largest priority seen so far.
     new = replay.insert(random_sequences(1))
@@ -151,17 +153,21 @@ def test_replay_evicts_oldest_and_skips_priorities_of_evicted_ids():
 
 
 def test_replay_that_cannot_fit_is_refused_with_the_bytes_needed():
-    need = replay_bytes_needed(10000, 80, (4, 84, 84), torch.uint8, 512)
-    with pytest.raises(ConfigError, match=rf"replay needs {need:,} bytes .*replay_capacity 10000 x seq_len 80.*"
-                                          r"replay_bytes 1,000,000"):
-        check_replay_fits(10000, 80, (4, 84, 84), torch.uint8, 512, budget_bytes=1_000_000)
+    need = replay_bytes_needed(250_000, 80, 40, (4, 84, 84), torch.uint8, 4, 512)
+    assert need <= 2 * 1024**3  # the Atari preset fits the default budget
+    with pytest.raises(ConfigError, match=rf"replay needs {need:,} bytes .*replay_capacity 250000 steps x 7,101 bytes "
+                                          r"\(seq_len 80.*replay_bytes 1,000,000"):
+        check_replay_fits(250_000, 80, 40, (4, 84, 84), torch.uint8, 4, 512, budget_bytes=1_000_000)
     cfg = r2d2_cfg(replay_bytes=1000)
     with pytest.raises(ConfigError, match="replay_bytes 1,000"):
         make_replay(cfg, OBS, 5)
     with pytest.raises(ConfigError, match="min_replay"):
         make_replay(r2d2_cfg(min_replay=20), OBS, 5)
+    with pytest.raises(ConfigError, match="cannot hold one sequence"):
+        make_replay(r2d2_cfg(replay_capacity=6, min_replay=1), OBS, 5)
     replay = make_replay(r2d2_cfg(), OBS, 5)
-    assert replay.nbytes == replay_bytes_needed(16, 6, (3,), torch.float32, 5)
+    assert replay.overlap == 3 and replay.frame_stack == 1
+    assert replay.nbytes == replay_bytes_needed(16, 6, 3, (3,), torch.float32, 1, 5)
 
 
 # ---- acting -----------------------------------------------------------------------------------
@@ -184,7 +190,8 @@ def central_inference(cfg, epsilons, replay):
     policy = R2D2Policy(learner, threading.Lock(), epsilons, seed=0)
     L = cfg.arch.seq_len
     inference = CentralInference(policy, FieldSpec((3,), torch.float32, "obs"), L, cfg.algo.gamma,
-                                 lambda slot, sequence: replay.add(sequence), overlap=L // 2)
+                                 lambda slot, sequence: replay.add(sequence, slot, bool(sequence["continues"])),
+                                 overlap=L // 2)
     return learner, policy, inference
 
 
@@ -200,7 +207,7 @@ def steps(slots, obs, reward, terminated, truncated=None, final_obs=None):
 def test_stored_recurrent_states_are_the_ones_the_actor_used():
     torch.manual_seed(0)
     cfg = r2d2_cfg(seq_len=4, burn_in=1)
-    replay = SequenceReplay(64, 4, (3,), torch.float32, 5)
+    replay = SequenceReplay(200, 4, (3,), torch.float32, 5, overlap=2)
     learner, policy, inference = central_inference(cfg, torch.zeros(3), replay)  # greedy: actions are checkable
     used = []  # every (h, c) row the policy was fed
     act = policy.act
@@ -232,7 +239,7 @@ def test_stored_recurrent_states_are_the_ones_the_actor_used():
 def test_truncated_episodes_bootstrap_from_the_rescaled_q_of_the_final_observation():
     torch.manual_seed(0)
     cfg = r2d2_cfg(seq_len=2, burn_in=1)
-    replay = SequenceReplay(8, 2, (3,), torch.float32, 5)
+    replay = SequenceReplay(8, 2, (3,), torch.float32, 5, overlap=1)
     learner, policy, inference = central_inference(cfg, torch.zeros(2), replay)
     inference.process([steps([0, 1], torch.zeros(2, 3), [0, 0], [False, False])])
     state = tuple(s[1:2].clone() for s in inference.state)
@@ -247,11 +254,12 @@ def test_truncated_episodes_bootstrap_from_the_rescaled_q_of_the_final_observati
     v = float(q.max())  # h^-1 by the textbook closed form
     inverse = math.copysign(((math.sqrt(1 + 4e-3 * (abs(v) + 1 + 1e-3)) - 1) / 2e-3) ** 2 - 1, v)
     # Step 0 of each sequence got the report of the second call; env 1's sequence restarts at obs 1.
-    cut, kept = (1, 0) if replay.fields["first"][1, 1] else (0, 1)
-    assert replay.fields["rewards"][0, cut].item() == pytest.approx(1.0 + 0.9 * inverse, rel=1e-4)
-    assert replay.fields["discounts"][0, cut].item() == 0.0
-    assert replay.fields["rewards"][0, kept].item() == 1.0
-    assert replay.fields["discounts"][0, kept].item() == pytest.approx(0.9)
+    stored = replay.sequences(np.array([0, 1]))
+    cut, kept = (1, 0) if stored["first"][1, 1] else (0, 1)
+    assert stored["rewards"][0, cut].item() == pytest.approx(1.0 + 0.9 * inverse, rel=1e-4)
+    assert stored["discounts"][0, cut].item() == 0.0
+    assert stored["rewards"][0, kept].item() == 1.0
+    assert stored["discounts"][0, kept].item() == pytest.approx(0.9)
 
 
 # ---- learner --------------------------------------------------------------------------------
@@ -364,6 +372,7 @@ def test_replay_ratio_paces_learner_and_actors_without_deadlock():
     learning = ReplayLearning(learner, None, replay, min_replay=8, batch_size=4, lock=threading.Lock(), seed=0,
                               replay_ratio=2.0)
     sequence = {key: value[0] for key, value in random_sequences(1).items()}
+    sequence["continues"] = torch.tensor(False)
     assert learning.get(timeout_s=0.01) is None  # nothing stored yet
     violations = []
 
@@ -398,7 +407,7 @@ def test_replay_that_cannot_fit_memory_exits_2_with_the_bytes_needed(capsys, tmp
     assert main(["train", "--arch", "seed", "--algo", "r2d2", "--env", "CartPole-v1", "--replay-bytes", "100000",
                  "--replay-capacity", "10000", "--seq-len", "80", "--burn-in", "40", "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.strip()
-    assert "replay needs" in err and "replay_capacity 10000 x seq_len 80" in err and "replay_bytes 100,000" in err
+    assert "replay needs" in err and "replay_capacity 10000 steps" in err and "replay_bytes 100,000" in err
     assert len(err.splitlines()) == 1
 
 
@@ -420,7 +429,7 @@ def test_seed_r2d2_learns_cartpole(tmp_path):
                  model=ModelCfg(name="mlp", hidden=(64,), lstm_size=64),
                  algo=AlgoCfg(name="r2d2", lr=1e-3),
                  arch=ArchCfg(name="seed", local_actors=2, seq_len=20, burn_in=5, batch_size=32, min_replay=50,
-                              replay_capacity=2000, replay_bytes=64 * 1024**2, target_update=100, replay_ratio=2.0),
+                              replay_capacity=20_000, replay_bytes=64 * 1024**2, target_update=100, replay_ratio=2.0),
                  total_steps=250_000, target_return=195.0, time_limit_s=240, torch_threads=1, progress=False,
                  out=str(tmp_path / "run"), seed=0)
     summary = run_architecture(cfg)
@@ -446,7 +455,7 @@ def test_seed_r2d2_runs_on_pong(tmp_path):
     cfg = RunCfg(env=EnvCfg(id="ALE/Pong-v5", num_envs=2, num_workers=1),
                  algo=AlgoCfg(name="r2d2", gamma=0.997),
                  arch=ArchCfg(name="seed", local_actors=2, seq_len=20, burn_in=5, batch_size=4, min_replay=8,
-                              replay_capacity=64, replay_ratio=1.0),
+                              replay_capacity=640, replay_ratio=1.0),
                  total_steps=10**9, target_return=math.inf, time_limit_s=90, torch_threads=1, progress=False,
                  out=str(tmp_path / "run"), seed=0)
     summary = run_architecture(cfg)

@@ -9,7 +9,10 @@ during the call) and the slot starts its next unroll from that observation
 (SEED/IMPALA unrolls share their boundary observation). With
 ``overlap > 0`` the next unroll starts ``overlap`` steps earlier instead, so
 consecutive sequences overlap (R2D2 stores 80-step sequences overlapping by
-40).
+40). Besides its fields, each unroll handed to the sink holds ``continues``
+(a bool scalar): it starts with the last ``overlap + 1`` observations of the
+unroll the slot emitted before (False for a slot's first unroll and after
+``reset``), which lets R2D2's replay store the shared steps once.
 
 Fields are ``FieldSpec``s of a ``RolloutSchema`` (``conveyor.storage.schema``),
 whose time kind says what a finished unroll holds: ``obs`` fields
@@ -56,6 +59,7 @@ class PartialUnrolls:
         self.num_slots = 0
         self.buffers: dict[str, Tensor] = {name: self._new(name, 0) for name in self.fields}
         self.cursor = torch.zeros(0, dtype=torch.int64)
+        self.continued = torch.zeros(0, dtype=torch.bool)  # per slot: the unroll in progress continues the last one
         self.grow(initial_slots)
 
     def _new(self, name: str, slots: int) -> Tensor:
@@ -74,6 +78,9 @@ class PartialUnrolls:
         cursor = torch.zeros(capacity, dtype=torch.int64)
         cursor[: self.num_slots] = self.cursor
         self.cursor = cursor
+        continued = torch.zeros(capacity, dtype=torch.bool)
+        continued[: self.num_slots] = self.continued
+        self.continued = continued
         self.num_slots = capacity
 
     def write(self, name: str, slots: Tensor, values: Tensor, offset: int = 0) -> None:
@@ -98,6 +105,7 @@ class PartialUnrolls:
             for buffer in self.buffers.values():
                 buffer[full, : self.overlap + 1] = buffer[full, keep]
             self.cursor[full] = self.overlap
+            self.continued[full] = True
         return len(full)
 
     def _view(self, slot: int) -> Unroll:
@@ -105,6 +113,7 @@ class PartialUnrolls:
         for name, spec in self.fields.items():
             buffer = self.buffers[name][slot]
             unroll[name] = {"obs": buffer, "step": buffer[: self.T], "start": buffer[0]}[spec.kind]
+        unroll["continues"] = self.continued[slot]
         return unroll
 
     def reset(self, slots: Tensor) -> int:
@@ -114,6 +123,7 @@ class PartialUnrolls:
         for name, buffer in self.buffers.items():
             buffer[slots] = self._new(name, 1)
         self.cursor[slots] = 0
+        self.continued[slots] = False
         return dropped
 
     def steps(self, slot: int) -> int:

@@ -7,13 +7,15 @@ The parts, none tied to the gRPC transport:
   state, previous action and reward on the learner and cuts its stream into
   overlapping sequences that start with the state the actor used.
 - ``ReplayLearning``: the replay as the sequences' sink, prioritized
-  sampling once ``min_replay`` sequences are stored, and priority write-back.
+  sampling once ``min_replay`` sequences are stored, priority write-back,
+  and (``checkpoint_replay``) the replay and its sampler in checkpoints.
 - ``R2D2Learner``: a ``Learner`` whose update burns the LSTM in without
   gradient, runs the target network, applies the transformed n-step
   double-Q loss (``conveyor.algos.r2d2``), and syncs the target network every
   ``target_update_interval`` updates. It returns the new sequence priorities.
-- ``make_replay``: the prioritized sequence replay for a run, refused at
-  start when it cannot fit the memory budget.
+- ``make_replay``: the prioritized sequence replay for a run (sequences
+  overlapping by half, Atari frame stacks stored one frame per step),
+  refused at start when it cannot fit the memory budget.
 """
 
 from __future__ import annotations
@@ -57,14 +59,20 @@ def epsilon_greedy(q: Tensor, epsilon: Tensor, generator: torch.Generator | None
 def make_replay(cfg: RunCfg, observation_space: gym.spaces.Box, lstm_size: int) -> SequenceReplay:
     """The run's sequence replay; ``ConfigError`` (with the bytes needed) when it cannot fit."""
     arch = cfg.arch
-    if arch.min_replay > arch.replay_capacity:
-        raise ConfigError(f"min_replay ({arch.min_replay}) exceeds replay_capacity ({arch.replay_capacity}): "
-                          "learning would never start; lower --min-replay")
+    overlap = arch.seq_len // 2
+    frame_stack = cfg.env.frame_stack if cfg.env.is_atari else 1
+    min_steps = arch.min_replay * (arch.seq_len - overlap)
+    if min_steps > arch.replay_capacity:
+        raise ConfigError(f"min_replay ({arch.min_replay} sequences, {min_steps} steps) exceeds replay_capacity "
+                          f"({arch.replay_capacity} steps): learning would never start; lower --min-replay")
+    if arch.replay_capacity < arch.seq_len + frame_stack:
+        raise ConfigError(f"replay_capacity ({arch.replay_capacity} steps) cannot hold one sequence of seq_len "
+                          f"{arch.seq_len}: raise --replay-capacity")
     obs_dtype = torch.from_numpy(np.zeros((), observation_space.dtype)).dtype
-    check_replay_fits(arch.replay_capacity, arch.seq_len, observation_space.shape, obs_dtype, lstm_size,
-                      arch.replay_bytes)
+    check_replay_fits(arch.replay_capacity, arch.seq_len, overlap, observation_space.shape, obs_dtype, frame_stack,
+                      lstm_size, arch.replay_bytes)
     return SequenceReplay(arch.replay_capacity, arch.seq_len, observation_space.shape, obs_dtype, lstm_size,
-                          priority_exponent=cfg.algo.priority_exponent,
+                          overlap=overlap, frame_stack=frame_stack, priority_exponent=cfg.algo.priority_exponent,
                           importance_exponent=cfg.algo.importance_exponent)
 
 
@@ -129,6 +137,9 @@ class ReplayLearning:
     exclude each other (the learner waits only when it has sampled more than r times the inserts since
     ``min_replay``, the sink only when r times those inserts exceed the samples), so they cannot deadlock;
     both also give up on ``close``.
+
+    ``state_dict`` (what ``build`` adds to every checkpoint with ``checkpoint_replay``) holds the replay, the
+    sampler's RNG state and the samples drawn, so a resumed run samples on as if it had not stopped.
     """
 
     AHEAD_UPDATES = 2
@@ -150,15 +161,35 @@ class ReplayLearning:
     @classmethod
     def build(cls, run: Run, observation_space: gym.spaces.Box, action_space: gym.Space, lock: threading.Lock,
               num_actors: int) -> "ReplayLearning":
-        """For ``run.cfg``; the replay's memory is checked first, before anything else is made."""
+        """For ``run.cfg``; the replay's memory is checked first, before anything else is made. With
+        ``checkpoint_replay`` the replay goes into checkpoints and is restored from the one resumed."""
         cfg = run.cfg
         replay = make_replay(cfg, observation_space, cfg.model.lstm_size)
         model = make_model(cfg.model, observation_space, action_space, dueling=True)
         learner = run.learner(model, algos.make_loss(cfg), learner_cls=R2D2Learner)
         policy = R2D2Policy(learner, lock, actor_epsilons(num_actors, cfg.algo.exploration_eps), cfg.seed,
                             cfg.algo.value_rescale_eps)
-        return cls(learner, policy, replay, cfg.arch.min_replay, cfg.arch.batch_size, lock, cfg.seed,
-                   cfg.arch.replay_ratio)
+        learning = cls(learner, policy, replay, cfg.arch.min_replay, cfg.arch.batch_size, lock, cfg.seed,
+                       cfg.arch.replay_ratio)
+        if cfg.arch.checkpoint_replay:
+            if "replay" in run.resume_state:  # taken out: the compressed copy is not kept for the whole run
+                learning.load_state_dict({key: run.resume_state.pop(key) for key in learning.CHECKPOINT_KEYS})
+            run.save_with_checkpoints(learning.state_dict)
+        return learning
+
+    CHECKPOINT_KEYS = ("replay", "replay_rng", "replay_sampled")
+
+    def state_dict(self) -> dict[str, Any]:
+        """The replay, the sampler's RNG state and the sequences sampled, for checkpoints."""
+        with self._cond:
+            sampled = self.sampled
+        return {"replay": self.replay.state_dict(), "replay_rng": self.rng.bit_generator.state,
+                "replay_sampled": sampled}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.replay.load_state_dict(state["replay"])
+        self.rng.bit_generator.state = state["replay_rng"]
+        self.sampled = int(state["replay_sampled"])
 
     def _fresh(self) -> int:
         """Sequences inserted since learning could start."""
@@ -180,7 +211,7 @@ class ReplayLearning:
                 self._cond.wait(0.1)
             if self._closed:
                 return
-        self.replay.add(sequence)
+        self.replay.add(sequence, slot, bool(sequence["continues"]))
         with self._cond:
             self._cond.notify_all()
 

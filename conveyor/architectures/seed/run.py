@@ -120,7 +120,7 @@ def run(cfg: RunCfg) -> dict[str, Any]:
             env_slots = max(1, arch.local_actors) * cfg.env.num_envs  # per-actor epsilons over these
             r2d2 = ReplayLearning.build(run, obs_space, action_space, params_lock, env_slots)
             learner, policy = r2d2.learner, r2d2.policy
-            unroll, overlap, sink = arch.seq_len, arch.seq_len // 2, r2d2.sink
+            unroll, overlap, sink = arch.seq_len, r2d2.replay.overlap, r2d2.sink
         else:
             learner = run.learner(make_model(cfg.model, obs_space, action_space), algos.make_loss(cfg))
             policy = ActorCriticPolicy(learner, params_lock, cfg.seed)
