@@ -303,7 +303,7 @@ def load_latest_checkpoint(run_dir: Path | str, device: torch.device | str = "cp
         state, problem = _read_checkpoint(path, device)
         if not problem:
             for skipped, why in problems:
-                print(f"conveyor: skipped checkpoint {skipped}: it {why}; resuming from {path.name}", file=sys.stderr)
+                print(f"conveyor: skipped checkpoint {skipped}: it {why}; using {path.name}", file=sys.stderr)
             return path, state
         problems.append((path, problem))
     older = f" (and so do the {len(paths) - 1} older ones)" if len(paths) > 1 else ""

@@ -297,7 +297,7 @@ def test_resume_falls_back_to_the_newest_valid_checkpoint(tmp_path, capsys):
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 2
     assert "skipped checkpoint" in lines[0] and "ckpt-000000000040.pt: it is not a file" in lines[0]
-    assert "ckpt-000000000030.pt: it is corrupt" in lines[1] and "resuming from ckpt-000000000020.pt" in lines[1]
+    assert "ckpt-000000000030.pt: it is corrupt" in lines[1] and "using ckpt-000000000020.pt" in lines[1]
     for name in ("ckpt-000000000010.pt", "ckpt-000000000020.pt"):
         (checkpoints / name).write_bytes(b"garbage")
     with pytest.raises(CheckpointError) as failure:
