@@ -4,6 +4,8 @@ encoder, the envpool refusal, and one short training run end to end."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import gymnasium as gym
 import numpy as np
@@ -137,3 +139,22 @@ def test_paac_trains_on_breakout_end_to_end(tmp_path):
     metrics = pd.read_csv(out / "metrics.csv")
     assert {"env_steps", "sps", "return_mean_last100", "loss/loss"} <= set(metrics.columns)
     assert metrics["env_steps"].iloc[-1] == summary["env_steps"] and np.isfinite(metrics["loss/loss"]).all()
+
+
+def test_training_envs_skip_minatars_plotting_imports_and_rendering_loads_them():
+    # minatar imports pyplot and seaborn (and scipy) at load time for rendering only: seconds of CPU in every
+    # env process, which made 16 GA3C agents starting on a loaded machine time out as hung.
+    code = (
+        "import sys\n"
+        "from conveyor.config import EnvCfg\n"
+        "from conveyor.envs import make_env\n"
+        "env = make_env(EnvCfg(id='MinAtar/Breakout-v1'), 0)\n"
+        "env.reset(seed=0)\n"
+        "print(*(name in sys.modules for name in ('seaborn', 'matplotlib.pyplot', 'scipy')))\n"
+        "shown = make_env(EnvCfg(id='MinAtar/Breakout-v1', env_args=(('render_mode', 'rgb_array'),)), 0)\n"
+        "shown.reset(seed=0)\n"
+        "print(shown.render().shape)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["False False False", "(10, 10, 3)"]
+    assert "Cannot import" not in result.stderr  # minatar's warnings about the missing modules are muted

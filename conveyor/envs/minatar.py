@@ -5,7 +5,12 @@ The ``minatar`` package (a core dependency) registers its gymnasium ids,
 actions) and ``-v1`` (each game's minimal action set), only when asked:
 gymnasium 1.x loads no ``gymnasium.envs`` entry-point plugins.
 ``register_minatar`` asks, the first time a ``MinAtar/`` id is made; ``minatar``
-is imported only then (it imports matplotlib, seaborn and scipy: about 2 s).
+is imported only then, and without its plotting libraries: at import it loads
+matplotlib's pyplot and seaborn (and so scipy), about 2 s of CPU per process
+on an idle machine and over 60 s for 16 GA3C agents starting together on a
+loaded 2-core one (their first env call then timed out as hung). Only
+rendering needs them (``render_mode``: ``conveyor enjoy``), and it loads them
+then (``_attach_plotting``).
 
 ``make_minatar(cfg)`` builds, from the inside out:
 
@@ -23,7 +28,10 @@ motion).
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import logging
+import sys
+from typing import Any, Iterator
 
 import gymnasium as gym
 import numpy as np
@@ -36,12 +44,47 @@ from conveyor.presets import MINATAR_PREFIX
 NOOP_ACTION = 0  # index 0 of MinAtar's full action set ('n'); the sticky action of a fresh env
 
 
+PLOTTING_MODULES = ("matplotlib.pyplot", "seaborn")
+"""What ``minatar`` imports at load time for rendering only (inside ``try``: it runs on without them)."""
+
+
+@contextlib.contextmanager
+def _without_plotting() -> Iterator[None]:
+    """Imports inside fail for ``PLOTTING_MODULES`` not loaded yet (a ``None`` entry in ``sys.modules``), and the
+    warnings ``minatar`` logs about it are muted."""
+    hidden = [name for name in PLOTTING_MODULES if name not in sys.modules]
+    sys.modules.update(dict.fromkeys(hidden, None))
+    logging.disable(logging.WARNING)
+    try:
+        yield
+    finally:
+        logging.disable(logging.NOTSET)
+        for name in hidden:
+            if sys.modules.get(name, 0) is None:
+                del sys.modules[name]
+
+
+def _attach_plotting() -> None:
+    """Give ``minatar``'s modules the plotting names their render code uses, where the import left them out."""
+    import minatar.environment
+    import minatar.gym
+    import seaborn
+    from matplotlib import colors, pyplot
+
+    for module, names in ((minatar.environment, {"plt": pyplot, "colors": colors, "sns": seaborn}),
+                          (minatar.gym, {"sns": seaborn})):
+        for name, value in names.items():
+            if not hasattr(module, name):
+                setattr(module, name, value)
+
+
 def register_minatar() -> None:
     """Register MinAtar's gymnasium ids (once per process); ``ConfigError`` if ``minatar`` is not installed."""
     if any(env_id.startswith(MINATAR_PREFIX) for env_id in gym.registry):
         return
     try:
-        import minatar.gym
+        with _without_plotting():
+            import minatar.gym
     except ModuleNotFoundError as exc:
         raise ConfigError(f"MinAtar ids need the minatar package ({exc}): pip install minatar") from None
     minatar.gym.register_envs()
@@ -81,5 +124,7 @@ class MinAtarFrames(gym.Wrapper):
 def make_minatar(cfg: EnvCfg) -> gym.Env:
     """The MinAtar env of ``cfg`` (see the module docstring), not yet seeded."""
     register_minatar()
+    if cfg.kwargs.get("render_mode"):
+        _attach_plotting()
     env = MinAtarFrames(gym_make(cfg.id, cfg.kwargs))
     return gym.wrappers.RecordEpisodeStatistics(env, stats_key=EPISODE_KEY)
