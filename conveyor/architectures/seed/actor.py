@@ -12,7 +12,12 @@ random run id, so the learner can tell a continued episode from a broken one.
 If the stream breaks (or the learner cancels it after waiting on it too
 long), the actor retries with exponential backoff (up to ``--retry-s``
 seconds without a learner) and resumes where its envs are: the learner has
-dropped those envs' partial unrolls and starts new ones. The envs are built
+dropped those envs' partial unrolls and starts new ones. Episodes go on
+across a reconnect with their run ids, and their returns are counted here
+(the env workers'), so a continued episode's return is whole; the first
+Step of a new stream repeats the returns of the last Step that got no
+reply, which the learner counts unless it already had them
+(``inference``: reconnects). The envs are built
 once per process, from the env config and seed of the first Welcome; a
 restarted actor process builds them from its new Welcome, whose seed differs
 from every earlier one (``seed.server.actor_env_seed``). A refused
@@ -142,6 +147,7 @@ class Actor:
         self.env_json = ""
         self.rng = np.random.default_rng()
         self.steps = 0
+        self.unanswered_returns: np.ndarray | None = None  # of the last Step sent that got no reply yet
 
     def run(self) -> int:
         import grpc
@@ -199,6 +205,7 @@ class Actor:
             outbox.put(message)
             for reply in replies:
                 latency = time.perf_counter() - sent
+                self.unanswered_returns = None  # a reply: the learner has acted on (and counted) that Step
                 actions = wire.decode(reply.actions.action, "action", length=self.num_envs)
                 start = time.perf_counter()
                 result = self.venv.step(actions)
@@ -232,24 +239,28 @@ class Actor:
         self.env_json = env_json
         self.obs = self.venv.reset()
         self.run_ids = self._new_run_ids(self.num_envs)
+        self.unanswered_returns = None  # of other envs' episodes
 
     def _new_run_ids(self, count: int) -> np.ndarray:
         return self.rng.integers(0, np.iinfo(np.int64).max, size=count, dtype=np.int64)
 
     def _step_message(self, env_ids: np.ndarray, env_time: float, latency: float, result: Any) -> Any:
         """The Step for the current observations; ``result`` is the env step that produced them (None on a
-        stream's first Step, whose reward and flags the learner ignores)."""
+        stream's first Step, whose reward and flags the learner ignores and whose returns are those of the last
+        Step that got no reply, if any)."""
         from conveyor.architectures.seed import seed_pb2, wire
 
         k = self.num_envs
         if result is None:
             reward, terminated, truncated = np.zeros(k, np.float32), np.zeros(k, bool), np.zeros(k, bool)
-            final_obs, returns = self.obs[:0], np.full(k, np.nan, np.float32)
+            final_obs = self.obs[:0]
+            returns = self.unanswered_returns if self.unanswered_returns is not None else np.full(k, np.nan, np.float32)
         else:
             self.obs = result.obs
             reward, terminated, truncated = result.reward, result.terminated, result.truncated
             final_obs = result.final_obs[truncated & ~terminated]
-            returns = result.episode_return
+            returns = np.array(result.episode_return, np.float32)  # a copy: the workers reuse their buffers
+            self.unanswered_returns = returns if not np.isnan(returns).all() else None
             ended = terminated | truncated
             if ended.any():
                 self.run_ids[ended] = self._new_run_ids(int(ended.sum()))

@@ -185,7 +185,8 @@ class InferenceStats:
     the part spent queued and computing inside the learner. ``counters`` (``count``) hold, among
     others: ``unrolls``, ``partial_unrolls_dropped`` and ``dropped_steps`` (acted steps lost with
     them: streams that ended, discontinuities), ``discontinuities``, ``batch_timeouts``,
-    ``streams_closed_idle`` and the ``refused_*`` reasons.
+    ``streams_closed_idle``, ``episodes_resumed``, ``episodes_cut`` and ``episode_returns_recovered``
+    (reconnects: ``inference.CentralInference``) and the ``refused_*`` reasons.
     """
 
     def __init__(self) -> None:
@@ -273,3 +274,5 @@ class EnvSteps:
     truncated: np.ndarray  # bool [k]
     final_obs: np.ndarray  # [m, *obs_shape], rows truncated & ~terminated in order
     episode_return: np.ndarray  # float [k], NaN where no episode ended
+    actor: str = ""  # the stream's actor name (its Hello's); '' for an unnamed stream
+    stream_start: bool = False  # the first Step of its stream (may continue the actor's earlier stream)

@@ -24,6 +24,27 @@ emitted; its acted steps that no emitted unroll held are counted as
 ``dropped_steps`` (``release`` returns them). Finished episodes' returns
 are reported as they arrive (``on_episodes``).
 
+Reconnects (episode accounting): an actor computes its episodes' returns
+itself and keeps its envs, their episodes and run ids across a reconnect
+(``actor``), so an episode it continues on a new stream ends with its whole
+return, never a fragment. The learner matches a stream's first Step
+(``EnvSteps.stream_start``) to the same actor's previous stream (same
+``actor`` name, env rows in order): a row whose run id the previous stream
+had in progress continues that episode (``episodes_resumed``; the policy
+still sees it as ``first``: the learner dropped its recurrent state and
+partial unroll). The first Step also carries again the returns of the
+actor's last Step that got no reply: a return the learner already counted
+(it had the row's next run id) is dropped, one it never received is
+counted now (``episode_returns_recovered``). An episode in progress when
+its stream ended that no later stream of its actor continues (the actor
+process died or was restarted, rebuilt its envs, or has not come back) is
+cut: never reported as a return (so never in ``return_mean_last100``) and
+counted in ``episodes_cut``. The count is provisional while the actor may
+still come back: it includes the episodes of actors disconnected when the
+run ends. The previous streams of the last ``_MAX_DETACHED_ACTORS`` actors
+are kept (at most ``_MAX_DETACHED_ROWS`` env rows); an older one's
+episodes stay counted as cut.
+
 Extension points (R2D2 plugs in here):
 
 - the ``Policy``: what acts. V-trace samples from the actor-critic and keeps
@@ -41,6 +62,7 @@ Extension points (R2D2 plugs in here):
 
 from __future__ import annotations
 
+import collections
 import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Protocol
@@ -53,6 +75,11 @@ from conveyor.acting import step_targets
 from conveyor.storage.schema import FieldSpec, RolloutSchema
 from conveyor.storage.unrolls import PartialUnrolls, UnrollSink
 from conveyor.architectures.seed.batcher import EnvSteps, InferenceStats
+
+_MAX_DETACHED_ACTORS = 4096
+"""Actors whose ended stream's episodes are remembered for a reconnect (the oldest are forgotten)."""
+_MAX_DETACHED_ROWS = 65536
+"""Env rows of all remembered ended streams together."""
 
 
 @dataclass
@@ -141,6 +168,12 @@ class CentralInference:
         self.state = tuple(torch.zeros((0, *spec.shape), dtype=spec.dtype) for spec in policy.state_fields.values())
         # Per slot: leading steps of its partial unroll that an emitted unroll already held (0 or overlap).
         self.emitted = torch.zeros(0, dtype=torch.int64)
+        # Reconnects (see the module docstring): the slots of each named actor's latest stream, by actor and by
+        # first slot; the run id per env row (-1: none) of the episodes in progress when an actor's stream ended.
+        self.actor_slots: dict[str, Tensor] = {}
+        self.slot_actor: dict[int, str] = {}
+        self.detached: collections.OrderedDict[str, Tensor] = collections.OrderedDict()
+        self.detached_rows = 0
 
     def _grow(self, rows: int) -> None:
         self.unrolls.grow(rows)
@@ -155,7 +188,79 @@ class CentralInference:
         dropped steps (acted, never handed to the sink)."""
         index = torch.tensor(slots, dtype=torch.int64)
         self._grow(int(index.max()) + 1 if len(slots) else 0)
+        if len(slots):
+            self._detach(int(slots[0]))
         return self._drop(index)
+
+    # ---- reconnects ----------------------------------------------------------------------------
+    def _in_progress(self, slots: Tensor) -> Tensor:
+        """Per slot, the run id of its episode in progress; -1 where the learner has none."""
+        return torch.where(self.pending[slots], self.run_id[slots], torch.full_like(slots, -1))
+
+    def _detach(self, first_slot: int) -> None:
+        """The stream starting at ``first_slot`` ended: remember its actor's episodes in progress (counted as
+        cut until a later stream of the actor continues them)."""
+        name = self.slot_actor.pop(first_slot, None)
+        if name is None or name not in self.actor_slots or int(self.actor_slots[name][0]) != first_slot:
+            return
+        open_runs = self._in_progress(self.actor_slots.pop(name))
+        in_progress = int((open_runs >= 0).sum())
+        if not in_progress:
+            return
+        self.stats.count("episodes_cut", in_progress)
+        self._forget_detached(name)
+        self.detached[name] = open_runs
+        self.detached_rows += len(open_runs)
+        while len(self.detached) > _MAX_DETACHED_ACTORS or self.detached_rows > _MAX_DETACHED_ROWS:
+            self._forget_detached(next(iter(self.detached)))  # the oldest: its episodes stay cut
+
+    def _forget_detached(self, name: str) -> Tensor | None:
+        runs = self.detached.pop(name, None)
+        if runs is not None:
+            self.detached_rows -= len(runs)
+        return runs
+
+    def _resume(self, request: EnvSteps) -> np.ndarray:
+        """The episode returns of a stream's first Step to report, matched against its actor's previous stream
+        (see the module docstring); registers the stream as its actor's latest."""
+        returns = request.episode_return
+        name = request.actor
+        if not name:
+            return returns
+        slots = torch.tensor(request.env_ids, dtype=torch.int64)  # a copy: decoded arrays are read-only
+        previous = self.actor_slots.pop(name, None)
+        counted = False  # whether the previous stream's episodes in progress are already counted as cut
+        if previous is not None:  # its stream is still open here (its end not yet seen) or not yet released
+            self.slot_actor.pop(int(previous[0]), None)
+            open_runs = self._in_progress(previous)
+        else:
+            open_runs = self._forget_detached(name)
+            counted = True
+        self.actor_slots[name] = slots
+        self.slot_actor[int(slots[0])] = name
+        if open_runs is None:
+            return returns
+        known = open_runs >= 0
+        in_progress = int(known.sum())
+        if len(open_runs) != len(slots):  # not the same actor's envs: nothing continues
+            if not counted:
+                self.stats.count("episodes_cut", in_progress)
+            return returns
+        run_ids = torch.tensor(request.run_ids, dtype=torch.int64)
+        ended = torch.from_numpy(~np.isnan(returns))
+        same = known & (open_runs == run_ids)  # the learner has this row's current episode: it continues
+        recovered = known & ~same & ended  # the episode in progress ended in a Step the learner never got
+        cut = known & ~same & ~ended
+        duplicate = same & ended  # the learner got the Step that ended the previous episode: counted then
+        returns = returns.copy()
+        returns[duplicate.numpy()] = np.nan
+        cuts = int(cut.sum())
+        self.stats.count("episodes_cut", cuts - in_progress if counted else cuts)
+        if same.any():
+            self.stats.count("episodes_resumed", int(same.sum()))
+        if recovered.any():
+            self.stats.count("episode_returns_recovered", int(recovered.sum()))
+        return returns
 
     def _drop(self, slots: Tensor) -> int:
         unemitted = (self.unrolls.cursor[slots] - self.emitted[slots]).clamp(min=0)
@@ -219,7 +324,12 @@ class CentralInference:
         self.unrolls.write("rewards", closed, reward[pending], offset=-1)
         self.unrolls.write("discounts", closed, discount[pending], offset=-1)
         if self.on_episodes is not None:
-            self.on_episodes(np.concatenate([r.episode_return for r in requests]))
+            self.on_episodes(np.concatenate([self._resume(r) if r.stream_start else r.episode_return
+                                             for r in requests]))
+        else:
+            for r in requests:
+                if r.stream_start:
+                    self._resume(r)
 
         # 2. The new observation starts or continues each slot's unroll; a full unroll goes to the sink.
         first = ~pending | ended

@@ -44,6 +44,11 @@ cancelled (CANCELLED; counted as ``streams_closed_idle``), which releases its sl
 and drops its partial unrolls; a live actor reconnects and goes on. The
 learner taking long never counts: a stream waiting for its reply is never idle.
 
+Reconnects: each Step goes to the batcher with its stream's actor name
+and whether it is the stream's first, with which central inference
+matches a reconnected actor's episodes to its earlier stream's (continued,
+or cut: ``inference``).
+
 ``take_dropped(name)`` tells the run how many steps the streams of an actor
 (named by its Hello: ``host:pid``) lost, once they are all released, so a
 restarted local actor's dropped steps are counted with its restart; the
@@ -398,8 +403,10 @@ class SeedServer:
         yield seed_pb2.LearnerMessage(welcome=seed_pb2.Welcome(
             env_ids=slots, env_config_json=self.env_config_json,
             env_seed=actor_env_seed(self.base_seed, slots[0], life)))
+        start = True
         for data in request_iterator:
-            reply = self._act(stream, self._parse(data, context), expected, context)
+            reply = self._act(stream, self._parse(data, context), expected, context, start)
+            start = False
             del data  # hold nothing of a step while the actor steps its envs (or idles)
             if reply is None:
                 return
@@ -472,9 +479,12 @@ class SeedServer:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           f"a message of {len(data)} bytes that is not a SEED ActorMessage: run `conveyor actor`")
 
-    def _act(self, stream: _Stream, message: Any, env_ids: np.ndarray, context: grpc.ServicerContext) -> Any:
-        """The reply (actions) to one step message; None when the learner closes or the stream went away."""
+    def _act(self, stream: _Stream, message: Any, env_ids: np.ndarray, context: grpc.ServicerContext,
+             start: bool = False) -> Any:
+        """The reply (actions) to one step message (``start``: the stream's first); None when the learner closes or
+        the stream went away."""
         steps = self._decode_step(message, env_ids, context)
+        steps.actor, steps.stream_start = stream.name, start
         with self._lock:
             stream.waiting, stream.late = True, False
         pending = self.batcher.submit(steps, len(env_ids))
