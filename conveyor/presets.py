@@ -313,6 +313,16 @@ ALGO_FAMILY: dict[tuple[str, str], dict[str, Any]] = {
         "algo.exploration_eps": 0.1,  # source: tuned here: as replay_ratio; rl-zoo dqn.yml CartPole-v1 final eps 0.04
         "arch.target_update": 100,  # source: tuned here: tests/test_r2d2.py CartPole run (syncs every 100 updates)
     },
+    ("r2d2", "minatar"): {  # the base (Atari) values made 574 updates in 1M steps: return 0.77 (random 0.3)
+        "algo.lr": 2.5e-4,  # source: MinAtar paper (Young & Tian 2019), DQN step size 0.00025
+        "arch.seq_len": 20,  # source: tuned here: as classic-discrete; seed/r2d2 MinAtar/Breakout-v1 seed 1: 2.55 at
+        # 279k steps (900 s, 6,894 updates) with this group
+        "arch.burn_in": 5,  # source: tuned here: as classic-discrete (seq_len 20)
+        "arch.min_replay": 250,  # source: tuned here: 2,500 steps before learning (MinAtar paper DQN: 5,000 frames)
+        "arch.replay_ratio": 8.0,  # source: tuned here: as classic-discrete (one update per 40 env steps)
+        "algo.exploration_eps": 0.1,  # source: MinAtar paper DQN final epsilon 0.1
+        "arch.target_update": 100,  # source: tuned here: as classic-discrete
+    },
     ("ga3c", "atari"): {
         "env.num_envs": 32,  # source: PAAC section 5.1 n_e = 32 (GA3C acts with num_agents envs)
         "arch.num_agents": 32,  # source: GA3C section 5.1: N_A in {16, 32, 64, 128} on Pong
