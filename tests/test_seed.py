@@ -563,6 +563,10 @@ def test_actor_reconnects_to_a_restarted_learner_and_exits_0_when_training_ends(
 
 # ---- end to end ----------------------------------------------------------------------------------
 
+# Slow (about 40 s idle, 100 s loaded): `make test` keeps SEED learning over the same gRPC path through
+# tests/test_learns_by_default.py (local actors are `conveyor actor` processes too) and external actors
+# through the token, reconnect and fault tests.
+@pytest.mark.slow
 def test_learner_with_two_external_actors_learns_cartpole(tmp_path):
     """`conveyor train --arch seed --local-actors 0` plus two `conveyor actor` processes on loopback TCP."""
     token_file = tmp_path / "token"
