@@ -291,6 +291,11 @@ def load_checkpoint(path: Path, device: torch.device | str = "cpu") -> dict[str,
     return state
 
 
+def checkpoint_name(env_steps: int) -> str:
+    """The file name of a run's checkpoint at ``env_steps`` (zero-padded: names sort in step order)."""
+    return f"ckpt-{env_steps:012d}.pt"
+
+
 def load_latest_checkpoint(run_dir: Path | str, device: torch.device | str = "cpu") -> tuple[Path, dict[str, Any]]:
     """The newest checkpoint of ``run_dir`` that loads, and its state. Each newer one that does not (truncated,
     tampered with, a directory in its place) is skipped with one line on stderr naming it and why; temp files

@@ -42,7 +42,7 @@ from torch import Tensor, nn
 from conveyor.config import ConfigError, EnvCfg, RunCfg
 from conveyor.envs import env_spaces, make_env
 from conveyor.evaluate import EVAL_EPSILON, load_run_config, model_for_checkpoint
-from conveyor.learner import CheckpointError, load_checkpoint, load_latest_checkpoint
+from conveyor.learner import CheckpointError, checkpoint_name, load_checkpoint, load_latest_checkpoint
 from conveyor.models import ModelOut
 
 
@@ -242,7 +242,7 @@ def checkpoint_file(run_dir: Path, checkpoint: str | int | None) -> Path | None:
         return None
     text = str(checkpoint)
     if text.isdigit():
-        path = run_dir / "checkpoints" / f"ckpt-{int(text):012d}.pt"
+        path = run_dir / "checkpoints" / checkpoint_name(int(text))
         if not path.is_file():
             steps = sorted(int(p.stem.split("-")[1]) for p in run_dir.glob("checkpoints/ckpt-*.pt")
                            if p.stem.split("-")[1].isdigit())

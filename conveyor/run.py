@@ -27,7 +27,7 @@ from conveyor import algos, presets
 from conveyor.config import ConfigError, RunCfg
 from conveyor.errors import WorkerFailure
 from conveyor.files import write_text_atomic
-from conveyor.learner import Learner, LossFn, load_latest_checkpoint
+from conveyor.learner import Learner, LossFn, checkpoint_name, load_latest_checkpoint
 from conveyor.telemetry import Telemetry
 from conveyor.tracking import VideoCapture, WandbTracker, flat_config, import_wandb
 
@@ -244,7 +244,7 @@ class Run:
         """Write ``checkpoints/ckpt-<env steps>.pt``, then delete this run's checkpoints beyond the newest
         ``keep_checkpoints`` (only ones it wrote: the list goes into each checkpoint)."""
         tel = self.telemetry
-        name = f"ckpt-{tel.env_steps:012d}.pt"
+        name = checkpoint_name(tel.env_steps)
         path = self.out / "checkpoints" / name
         if self._resume_state_fn is not None:
             extra = {**self._resume_state_fn(), **extra}

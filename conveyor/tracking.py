@@ -37,6 +37,7 @@ from typing import Any, Callable
 
 from conveyor.config import ConfigError, RunCfg
 from conveyor.files import write_text_atomic
+from conveyor.learner import checkpoint_name
 from conveyor.procs import SINGLE_THREAD_VARS
 from conveyor.telemetry import Telemetry
 
@@ -198,7 +199,7 @@ class VideoCapture:
             return
         self._stopping = False
         self.dir.mkdir(exist_ok=True)
-        held = self.dir / f".ckpt-{env_steps:012d}.pt"
+        held = self.dir / f".{checkpoint_name(env_steps)}"
         held.unlink(missing_ok=True)
         try:
             os.link(checkpoint, held)  # rotation unlinks the checkpoint's name; this one keeps its data
