@@ -150,11 +150,26 @@ def peer_host(context: grpc.ServicerContext) -> str:
     return peer.rpartition(":")[0] or peer
 
 
-def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
+KEEPALIVE_MS = 10_000
+"""Both ends ping an idle connection this often, so a dead peer is noticed within seconds, not hours."""
+
+
+def channel_options(max_message_bytes: int, keepalive_ms: int = KEEPALIVE_MS) -> list[tuple[str, int]]:
+    """Channel arguments of both ends: message limits and keepalive pings that go on while no data flows."""
     return [("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
-            ("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
+            ("grpc.keepalive_time_ms", keepalive_ms), ("grpc.keepalive_timeout_ms", keepalive_ms // 2),
             ("grpc.http2.max_pings_without_data", 0), ("grpc.keepalive_permit_without_calls", 1)]
+
+
+def server_options(max_message_bytes: int, keepalive_ms: int = KEEPALIVE_MS) -> list[tuple[str, int]]:
+    """``channel_options`` plus the server's acceptance of the actors' pings. By default a gRPC server takes a
+    ping on a connection with no data flowing more often than every 5 minutes as a strike, and answers the
+    third with GOAWAY "too_many_pings": an actor held back while the learner trains (R2D2 paces its actors by
+    the replay ratio) lost its stream after 30 s of silence and was restarted."""
+    return channel_options(max_message_bytes, keepalive_ms) + [
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", keepalive_ms // 2),
+        ("grpc.http2.max_ping_strikes", 0)]
 
 
 class SlotAllocator:
@@ -260,7 +275,7 @@ class SeedServer:
         self._watchdog: threading.Thread | None = None
         self.address = ""
         threads = futures.ThreadPoolExecutor(max_workers=MAX_STREAMS + 4, thread_name_prefix="seed-rpc")
-        self._server = grpc.server(threads, options=channel_options(max_message_bytes),
+        self._server = grpc.server(threads, options=server_options(max_message_bytes),
                                    interceptors=[TokenCheck(token, self.stats)], maximum_concurrent_rpcs=MAX_STREAMS)
         # Requests arrive as bytes and are parsed in serve_stream: a Hello's size is checked before parsing, and
         # bytes that do not parse end their stream with a message (gRPC would log a traceback for each).
