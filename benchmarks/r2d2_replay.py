@@ -43,7 +43,7 @@ import torch
 from conveyor import algos
 from conveyor.config import AlgoCfg, ArchCfg, EnvCfg, ModelCfg, RunCfg
 from conveyor.models import make_model
-from conveyor.bench import update_markdown_section, write_csv
+from conveyor.bench import publish_results
 from conveyor.architectures.seed.r2d2 import R2D2Learner
 from conveyor.storage.replay import SequenceReplay, replay_bytes_needed
 from conveyor.storage.sum_tree import SumTree
@@ -333,14 +333,9 @@ def main() -> int:
         record([bench_pong(ratio, args.pong_seconds, args.actors, args.envs, args.learner_batch, args.device,
                            Path(args.out))])
 
-    results = ROOT / "benchmarks" / "results" / "r2d2_replay.csv"
-    results.parent.mkdir(parents=True, exist_ok=True)
-    write_csv(results, rows)
     command = " ".join(["benchmarks/r2d2_replay.py", *sys.argv[1:]])
     table = markdown(rows, command, sum(loads) / len(loads), args.device)
-    print(table)
-    if not args.no_markdown:
-        update_markdown_section(ROOT / "BENCHMARKS.md", SECTION, table)
+    publish_results(ROOT, SECTION, rows, table, markdown=not args.no_markdown)
     return 0
 
 

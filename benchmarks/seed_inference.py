@@ -135,7 +135,7 @@ def main() -> int:
     parser.add_argument("--out", default="runs/bench-seed-inference", help="run directories")
     parser.add_argument("--no-markdown", action="store_true", help="do not rewrite the BENCHMARKS.md section")
     args = parser.parse_args()
-    from conveyor.bench import update_markdown_section, write_csv
+    from conveyor.bench import publish_results
 
     out = Path(args.out)
     rows, loads = [], []
@@ -145,14 +145,9 @@ def main() -> int:
             rows.append(row)
             loads.append(os.getloadavg()[0])
             print(json.dumps(row), flush=True)
-    results = ROOT / "benchmarks" / "results" / "seed_inference.csv"
-    results.parent.mkdir(parents=True, exist_ok=True)
-    write_csv(results, rows)
     command = "benchmarks/seed_inference.py" + (f" --seconds {args.seconds:g}" if args.seconds != 12.0 else "")
     table = markdown(rows, command, args.seconds, sum(loads) / len(loads))
-    print(table)
-    if not args.no_markdown:
-        update_markdown_section(ROOT / "BENCHMARKS.md", SECTION, table)
+    publish_results(ROOT, SECTION, rows, table, markdown=not args.no_markdown)
     return 0
 
 

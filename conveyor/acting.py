@@ -6,17 +6,40 @@ docs/design.md "Discounts and the truncation bootstrap":
 ``discount = gamma * (1 - terminated)``, and at a truncated step
 the bootstrap ``gamma * V(final_obs)`` is folded into the reward with
 discount 0, so the return ops need no special case.
+
+A model with an LSTM core acts on ``CoreInputs`` besides the observations:
+each env's state rows, whether its observation starts an episode, and its
+previous action and reward. ``CoreCarry`` keeps them per env between steps
+(IMPACT's workers; SEED's inference keeps its own per env slot), and
+``forward_unrolls`` replays a batch of unrolls on the learner from the state
+each one started from.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 from conveyor.models.heads import ModelOut
+from conveyor.storage.schema import STATE_KEYS
+
+
+class CoreInputs(NamedTuple):
+    """What an LSTM core reads for one step of B envs besides the observations (docs/design.md "Episode ends:
+    first, terminated, truncated")."""
+
+    state: tuple[Tensor, Tensor]  # (h, c) rows [B, H]: the state before this step
+    first: Tensor | None  # bool [B]: the observation starts an episode (the state is reset there); None: never
+    prev_action: Tensor  # [B(, A)]: the action before this observation, zeros where first
+    prev_reward: Tensor  # float32 [B]: the env reward before this observation, zeros where first
+
+    def rows(self, index: Any) -> CoreInputs:
+        """The inputs of the envs ``index`` (a bool mask or indices)."""
+        return CoreInputs(tuple(s[index] for s in self.state), None if self.first is None else self.first[index],
+                          self.prev_action[index], self.prev_reward[index])  # type: ignore[arg-type]
 
 
 class Action(NamedTuple):
@@ -24,36 +47,113 @@ class Action(NamedTuple):
     logp: Tensor  # [B]
     value: Tensor  # [B]
     out: ModelOut | None = None  # the forward's output with its autograd graph, when kept
+    state: tuple[Tensor, ...] = ()  # with ``core``: the LSTM state rows (h, c) [B, H] after the step
+
+
+def forward_step(model: nn.Module, obs: Tensor, core: CoreInputs | None = None) -> ModelOut:
+    """The model on one step of B envs, ``obs [B, ...]`` (output ``[1, B, ...]``); a recurrent model reads
+    ``core`` (moved to the observations' device), a feed-forward one only ``obs``."""
+    if core is None:
+        return model(obs.unsqueeze(0))
+    device = obs.device
+    state = tuple(s.to(device).unsqueeze(0) for s in core.state)
+    first = None if core.first is None else core.first.to(device).unsqueeze(0)
+    return model(obs.unsqueeze(0), state, first, core.prev_action.to(device).unsqueeze(0),
+                 core.prev_reward.to(device).unsqueeze(0))
 
 
 def policy_step(model: nn.Module, obs: Tensor, generator: torch.Generator | None = None,
-                uniform: Tensor | None = None, keep_graph: bool = False) -> Action:
-    """One forward on ``obs [B, ...]``; sample actions (by inverse CDF when ``uniform`` is given).
+                uniform: Tensor | None = None, keep_graph: bool = False, core: CoreInputs | None = None,
+                rows: tuple[int, int] | None = None) -> Action:
+    """One forward on ``obs [B, ...]`` (with ``core``, a recurrent model's other inputs); sample actions (by
+    inverse CDF when ``uniform`` is given).
 
     ``keep_graph`` returns the output ``[1, B, ...]`` with its autograd graph, so a learner whose
     parameters do not change during the rollout (PAAC A2C) can backpropagate through the acting
     forward instead of computing it a second time.
+
+    ``rows = (first, total)``: ``obs`` are rows ``first ..`` of a batch of ``total`` envs split over processes
+    (data-parallel ranks): the draw is made for the whole batch and these rows keep theirs, so each env's
+    action is the one a single process stepping all ``total`` envs would sample.
     """
     with torch.set_grad_enabled(keep_graph):
-        out = model(obs.unsqueeze(0))
+        out = forward_step(model, obs, core)
     params, value = out.params[0].detach(), out.value[0].detach()
-    actions = out.policy.sample(params, uniform, generator)
-    return Action(actions, out.policy.log_prob(params, actions), value, out if keep_graph else None)
+    if rows is None:
+        actions = out.policy.sample(params, uniform, generator)
+    else:
+        first, total = rows
+        whole = params.new_zeros((total, *params.shape[1:]))
+        whole[first:first + len(params)] = params
+        actions = out.policy.sample(whole, uniform, generator)[first:first + len(params)]
+    state = () if core is None else tuple(s[0].detach() for s in out.state)
+    return Action(actions, out.policy.log_prob(params, actions), value, out if keep_graph else None, state)
 
 
 @torch.no_grad()
-def values_of(model: nn.Module, obs: Tensor) -> Tensor:
-    """V(obs) for ``obs [B, ...]``."""
-    return model(obs.unsqueeze(0)).value[0]
+def values_of(model: nn.Module, obs: Tensor, core: CoreInputs | None = None) -> Tensor:
+    """V(obs) for ``obs [B, ...]`` (with ``core``, a recurrent model's other inputs)."""
+    return forward_step(model, obs, core).value[0]
+
+
+def forward_unrolls(model: nn.Module, batch: dict[str, Tensor], state: tuple[Tensor, Tensor] | None = None) -> ModelOut:
+    """The model on a batch of unrolls, all of ``batch["obs"]`` ``[T + 1, B, ...]``. A recurrent model replays
+    them from the state each one started from (``state`` ``(h, c)`` ``[1, B, H]``, else the batch's
+    ``state_h``, ``state_c`` ``[B, H]``), reset where ``first``, reading ``prev_action`` and ``prev_reward``:
+    what acted, step for step. A feed-forward model reads only ``obs``."""
+    if not getattr(model, "lstm_size", 0):
+        return model(batch["obs"])
+    if state is None:
+        state = tuple(batch[key].unsqueeze(0) for key in STATE_KEYS)  # type: ignore[assignment]
+    return model(batch["obs"], state, batch["first"], batch["prev_action"], batch["prev_reward"])
+
+
+class CoreCarry:
+    """Per env, what a recurrent core carries from one step to the next (``inputs``), kept by whatever acts
+    for B envs step after step: the state rows, whether the next observation starts an episode, the
+    previous action and reward. All start as at an episode's start."""
+
+    def __init__(self, model: nn.Module, num_envs: int) -> None:
+        h, c = model.initial_state(num_envs)
+        self.initial = (h[0], c[0])
+        self.action_shape = tuple(model.policy.action_shape())
+        self.action_dtype = torch.int64 if model.policy.discrete else torch.float32
+        self.state = (h[0].clone(), c[0].clone())
+        self.first = torch.ones(num_envs, dtype=torch.bool)
+        self.prev_action = torch.zeros(num_envs, *self.action_shape, dtype=self.action_dtype)
+        self.prev_reward = torch.zeros(num_envs)
+
+    def inputs(self) -> CoreInputs:
+        """The core's inputs for the next step."""
+        return CoreInputs(self.state, self.first, self.prev_action, self.prev_reward)
+
+    def after(self, act: Action, rewards: Any) -> CoreInputs:
+        """The inputs that continue each env's episode after ``act`` and its env ``rewards`` [B] (what the
+        value of a truncated episode's final observation is computed from)."""
+        return CoreInputs(act.state, None, act.actions.to(self.action_dtype),  # type: ignore[arg-type]
+                          torch.as_tensor(rewards, dtype=torch.float32))
+
+    def advance(self, act: Action, rewards: Any, ended: Any) -> None:
+        """The step ``act`` was taken and the envs returned ``rewards`` [B]; ``ended`` [B] envs start a new
+        episode with their next observation (state, previous action and reward reset there)."""
+        after = self.after(act, rewards)
+        ended = torch.as_tensor(ended, dtype=torch.bool)
+        keep = ~ended
+        self.state = tuple(torch.where(keep.unsqueeze(1), s, init)  # type: ignore[assignment]
+                           for s, init in zip(after.state, self.initial))
+        self.prev_action = after.prev_action * keep.view(-1, *([1] * len(self.action_shape))).to(self.action_dtype)
+        self.prev_reward = after.prev_reward * keep
+        self.first = ended
 
 
 def step_targets(model: nn.Module | None, rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
                  final_obs: np.ndarray | None, gamma: float, device: torch.device | str = "cpu",
-                 final_values: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                 final_values: Tensor | None = None, core: CoreInputs | None = None) -> tuple[Tensor, Tensor]:
     """Training ``(rewards, discounts)`` ``[B]`` for one step, bootstrapping truncated episodes.
 
     Only the rows that were truncated (and not terminated) get a forward pass on
-    their final observation. ``final_values`` ``[B]``, when given, is V(final_obs)
+    their final observation (a recurrent model's with ``core``, the inputs that continue
+    each row's episode: ``CoreCarry.after``). ``final_values`` ``[B]``, when given, is V(final_obs)
     already computed for every row, and neither ``model`` nor ``final_obs`` is read (HTS
     computes it in a fixed-size batch, so a row's value does not depend on which rows were
     cut; SEED's needs each env's recurrent state).
@@ -63,7 +163,8 @@ def step_targets(model: nn.Module | None, rewards: np.ndarray, terminated: np.nd
     cut = np.flatnonzero(truncated & ~terminated)
     if len(cut):
         if final_values is None:
-            final_values = values_of(model, torch.as_tensor(final_obs[cut], device=device))
+            rows = None if core is None else core.rows(torch.as_tensor(cut))
+            final_values = values_of(model, torch.as_tensor(final_obs[cut], device=device), rows)
         else:
             final_values = final_values[cut]
         reward[cut] += gamma * final_values.float()

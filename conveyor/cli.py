@@ -15,6 +15,7 @@ import dataclasses
 import importlib
 import json
 import math
+import os
 import sys
 import types
 import typing
@@ -182,7 +183,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     cfg = config_from_args(args)
     summary = train(cfg)
-    print(_summary_line(summary))
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks for the run (and writes its files)
+        print(_summary_line(summary))
     return 0
 
 

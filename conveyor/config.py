@@ -52,6 +52,8 @@ ARCH_ALGOS: dict[str, tuple[str, ...]] = {
     "impact": ("impact", "vtrace"),
     "hts": ("a2c", "ppo"),
 }
+RECURRENT_ALGOS = ("vtrace", "impact", "r2d2")
+"""Algorithms whose architectures carry an LSTM core's state per env while acting (``--lstm-size``)."""
 
 
 INFINITY_MEANS_NEVER = ("target_return",)
@@ -207,13 +209,16 @@ class ModelCfg:
     hidden: tuple[int, ...] | None = None
     """MLP hidden layer sizes."""
     lstm_size: int | None = None
-    """Width of an LSTM core after the encoder, 0 for none: r2d2 needs one; the actor-critic algorithms run
-    feed-forward models."""
+    """Width of an LSTM core after the encoder, 0 for none: r2d2 needs one; vtrace (seed, impact) and impact
+    may have one, replayed from each unroll's start state; a2c, ppo and ga3c run feed-forward models."""
     normalize_obs: bool | None = None
     """Standardize float observations at the model's input by running mean/std statistics (clipped to [-10, 10]),
     updated by the learner after each update and sent to actors with the weights; not for uint8 pixels."""
     separate_value_net: bool | None = None
     """Give the value head its own encoder (same architecture) instead of sharing the policy's; no LSTM core."""
+    log_std_init: float | None = None
+    """Initial log standard deviation of a Gaussian policy (continuous actions; a learned parameter per action
+    dimension, independent of the observation)."""
 
     def __post_init__(self) -> None:
         if callable(self.name):  # a class or factory given in Python: kept as its import path (config.json is JSON)
@@ -468,11 +473,12 @@ class RunCfg:
         if self.algo.name == "r2d2" and not self.model.lstm_size:
             raise ConfigError("--algo r2d2 runs a recurrent Q network: pass --lstm-size > 0 (or leave it to the "
                               "preset)")
-        if self.algo.name != "r2d2" and self.model.lstm_size:
-            # The actor-critic paths act step by step without carrying a core's state (only R2D2's inference
-            # keeps it per env), so a recurrent actor-critic would learn from unrolls it never acted with.
-            raise ConfigError(f"--algo {self.algo.name} runs feed-forward models (only --algo r2d2 has a recurrent "
-                              "core): drop --lstm-size")
+        if self.algo.name not in RECURRENT_ALGOS and self.model.lstm_size:
+            # PAAC, HTS and GA3C act step by step without carrying a core's state (SEED's inference and IMPACT's
+            # workers carry it per env), so a recurrent model there would learn from unrolls it never acted with.
+            raise ConfigError(f"--algo {self.algo.name} runs feed-forward models (a recurrent core runs with "
+                              "--algo vtrace under --arch seed or impact, --algo impact, --algo r2d2): "
+                              "drop --lstm-size")
         if self.arch.name == "impact" and self.algo.kl_coef > 0 and not self.arch.use_target_network:
             raise ConfigError("--kl-coef penalises KL(target || learner) and needs the target network: "
                               "drop --no-use-target-network or set --kl-coef 0")

@@ -167,10 +167,9 @@ class ModelAgent:
     def act(self, obs: np.ndarray, prev_reward: np.ndarray) -> np.ndarray:
         model = self.model
         kwargs: dict[str, Any] = {}
-        if model.lstm_size and model.policy.discrete:
-            num_envs = obs.shape[0]
-            previous = self.prev_action if self.prev_action is not None else torch.zeros(num_envs, dtype=torch.long)
-            kwargs = {"prev_action": previous.unsqueeze(0),
+        if model.lstm_size:  # no previous action at the start: the core reads zeros
+            previous = None if self.prev_action is None else self.prev_action.unsqueeze(0)
+            kwargs = {"prev_action": previous,
                       "prev_reward": torch.as_tensor(prev_reward, dtype=torch.float32).unsqueeze(0)}
         out = model(torch.as_tensor(obs).unsqueeze(0), self.state, **kwargs)
         self.state = out.state
@@ -182,8 +181,7 @@ class ModelAgent:
             actions = torch.where(explore, random, greedy)
         else:
             actions = out.policy.sample(out.params[0], None, self.generator)
-        if model.policy.discrete:
-            self.prev_action = actions
+        self.prev_action = actions
         return actions.numpy()
 
 

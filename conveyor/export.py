@@ -15,8 +15,9 @@ Inputs and outputs (``B``: any batch size):
   ``[B, A]`` (Gaussian, before clipping) or ``q`` ``[B, A]`` (R2D2's Q head); ``value`` ``[B]`` (max Q for a
   Q head);
 - recurrent models (an LSTM core) also take ``state_h``, ``state_c`` ``[1, B, H]`` float32 (zeros at an
-  episode's start), ``prev_action`` ``[B]`` int64 (0 at the start) and ``prev_reward`` ``[B]`` float32 (the
-  env's raw reward of the previous step, 0 at the start), and return ``next_state_h``, ``next_state_c``.
+  episode's start), ``prev_action`` (the previous ``action`` output: ``[B]`` int64, or ``[B, A]`` float32
+  for continuous actions; zeros at the start) and ``prev_reward`` ``[B]`` float32 (the env's raw reward of
+  the previous step, 0 at the start), and return ``next_state_h``, ``next_state_c``.
 
 TorchScript files come from ``torch.jit.trace`` (``torch.jit.load`` runs them;
 ``conveyor.json`` among their extra files describes them); ONNX files from
@@ -164,7 +165,8 @@ def signature(policy: Policy) -> str:
     inputs = [obs]
     if policy.recurrent:
         H = policy.model.lstm_size
-        inputs += [f"state_h [1, B, {H}]", f"state_c [1, B, {H}]", "prev_action [B] int64", "prev_reward [B]"]
+        previous = "prev_action [B] int64" if policy.net.discrete else f"prev_action [B, {A}] float32"
+        inputs += [f"state_h [1, B, {H}]", f"state_c [1, B, {H}]", previous, "prev_reward [B]"]
         outputs += [f"next_state_h [1, B, {H}]", f"next_state_c [1, B, {H}]"]
     return f"{', '.join(inputs)} -> {', '.join(outputs)}"
 

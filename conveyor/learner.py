@@ -36,6 +36,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 
+from conveyor.acting import forward_unrolls
 from conveyor.config import RunCfg
 from conveyor.errors import RunFailure
 from conveyor.files import atomic_write
@@ -86,6 +87,9 @@ class Learner:
         self._nonfinite = ""  # why the gradients computed last may not be applied ("" when they may)
         self._batch_stepped = False  # whether any step on the current batch was applied
         self._bad_batches = 0  # in a row
+        self.data_parallel: Any = None
+        """Under torchrun, the run's ``distributed.DataParallel``: gradients are averaged over the ranks between
+        backward and clipping, minibatches drawn from the whole batch, input statistics taken over it."""
 
     def set_lr(self, lr: float) -> None:
         """The learning rate of every later step (a schedule's; saved with the optimizer in checkpoints)."""
@@ -93,14 +97,25 @@ class Learner:
             group["lr"] = lr
 
     def forward(self, batch: dict[str, Tensor]) -> Any:
-        return self.model(batch["obs"])
+        """The model on ``batch["obs"]``; a recurrent one replayed from each unroll's start state
+        (``acting.forward_unrolls``)."""
+        return forward_unrolls(self.model, batch)
 
     def compute_gradients(self, batch: dict[str, Tensor], model_out: Any = None) -> tuple[dict[str, float], float]:
         """Forward (unless ``model_out`` of the current parameters on ``batch["obs"]`` is given, graph
-        attached), loss and backward into ``.grad`` (no optimizer step); returns metrics and grad norm."""
+        attached), loss and backward into ``.grad`` (no optimizer step); returns metrics and grad norm.
+        Data-parallel, ``.grad`` becomes the gradient over every rank's part of the batch before it is clipped
+        (a rank that holds no step of a minibatch computes no loss and adds nothing)."""
         self.optimizer.zero_grad(set_to_none=True)
-        loss, metrics = self.loss_fn(self.forward(batch) if model_out is None else model_out, batch)
-        loss.backward()
+        share = self.data_parallel
+        weight = 1 if share is None else share.weight(batch)
+        if weight:
+            loss, metrics = self.loss_fn(self.forward(batch) if model_out is None else model_out, batch)
+            loss.backward()
+        else:
+            loss, metrics = torch.zeros(()), {}
+        if share is not None:
+            share.average_gradients(list(self.model.parameters()), weight, math.isfinite(float(loss.detach())))
         if self.max_grad_norm:
             grad_norm = float(nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm))
         else:
@@ -145,7 +160,11 @@ class Learner:
     def observe(self, observations: Tensor) -> None:
         """Fold ``observations`` into the model's input statistics (once per batch; see the module docstring).
         A batch holding NaN/inf is left out: it would make the statistics, and every forward after, NaN."""
-        if self.obs_normalizer is not None and bool(torch.isfinite(observations).all()):
+        if self.obs_normalizer is None:
+            return
+        if self.data_parallel is not None:  # the whole batch's, on every rank
+            observations = self.data_parallel.gather_columns(observations)
+        if bool(torch.isfinite(observations).all()):
             self.obs_normalizer.update(observations)
 
     def update(self, batch: dict[str, Tensor], model_out: Any = None) -> dict[str, float]:
@@ -164,7 +183,9 @@ class Learner:
         if epochs == 1 and minibatches == 1:
             return self.update(batch)
         T, num_envs = batch["rewards"].shape[:2]
-        groups = T * num_envs if steps else num_envs
+        # Data-parallel: groups of the whole batch, each rank's steps of them (the same generator on every rank).
+        split = None if self.data_parallel is None else self.data_parallel.minibatches(batch, steps)
+        groups = split.groups if split is not None else T * num_envs if steps else num_envs
         if groups < minibatches:
             raise ValueError(f"{minibatches} minibatches need at least as many {'steps' if steps else 'envs'}, got "
                              f"{groups}: lower --ppo-minibatches or raise --num-envs")
@@ -173,7 +194,10 @@ class Learner:
         for _ in range(epochs):
             order = torch.randperm(groups, generator=generator).to(device)
             for group in order.chunk(minibatches):
-                minibatch = step_samples(batch, group) if steps else env_columns(batch, group)
+                if split is not None:
+                    minibatch = split(group)
+                else:
+                    minibatch = step_samples(batch, group) if steps else env_columns(batch, group)
                 metrics, _ = self.compute_gradients(minibatch)
                 self.apply_gradients()
         self.end_batch(batch["obs"])

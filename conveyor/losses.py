@@ -19,7 +19,7 @@ from torch import Tensor
 from conveyor.returns import value_rescale, value_rescale_inverse
 
 __all__ = [
-    "ga3c_entropy", "ga3c_policy_loss", "impact_ratio", "masked_mean", "normalize_advantages",
+    "advantage_moments", "ga3c_entropy", "ga3c_policy_loss", "impact_ratio", "masked_mean", "normalize_advantages",
     "policy_gradient_loss", "ppo_clip_loss", "r2d2_targets", "sequence_priorities", "value_loss",
 ]
 
@@ -63,17 +63,27 @@ def value_loss(values: Tensor, targets: Tensor, mask: Tensor | None = None) -> T
     return 0.5 * masked_mean((values - targets.detach()).pow(2), mask)
 
 
-def normalize_advantages(advantages: Tensor, eps: float = 1e-8, mask: Tensor | None = None) -> Tensor:
-    """``(A - mean(A)) / (std(A) + eps)`` over all elements (the ``mask``ed ones), detached (PPO
-    implementations). Masked-out elements come back as 0.
-
-    The population std (no Bessel correction) keeps a single-element batch finite.
-    """
+def advantage_moments(advantages: Tensor, mask: Tensor | None = None) -> Tensor:
+    """``[mean(A), std(A)]`` over all elements (the ``mask``ed ones), detached: what ``normalize_advantages``
+    divides by. The population std (no Bessel correction) keeps a single-element batch finite."""
     advantages = advantages.detach()
     if mask is None:
-        return (advantages - advantages.mean()) / (advantages.std(correction=0) + eps)
+        return torch.stack([advantages.mean(), advantages.std(correction=0)])
     mean = masked_mean(advantages, mask)
-    std = masked_mean((advantages - mean).pow(2), mask).sqrt()
+    return torch.stack([mean, masked_mean((advantages - mean).pow(2), mask).sqrt()])
+
+
+def normalize_advantages(advantages: Tensor, eps: float = 1e-8, mask: Tensor | None = None,
+                         moments: Tensor | None = None) -> Tensor:
+    """``(A - mean(A)) / (std(A) + eps)`` over all elements (the ``mask``ed ones), detached (PPO
+    implementations). Masked-out elements come back as 0. ``moments``, ``[mean, std]`` taken over a larger
+    batch than this one (data-parallel learners: the whole minibatch, of which this is a rank's part), replace
+    ``advantage_moments(advantages, mask)``.
+    """
+    advantages = advantages.detach()
+    mean, std = advantage_moments(advantages, mask) if moments is None else moments
+    if mask is None:
+        return (advantages - mean) / (std + eps)
     return torch.where(mask, (advantages - mean) / (std + eps), torch.zeros_like(advantages))
 
 

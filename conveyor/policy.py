@@ -4,7 +4,8 @@ are built on it).
 ``load_policy(run_dir, checkpoint="latest", device="cpu")`` reads the run's
 ``config.json`` (as ``--resume`` and ``conveyor eval`` do), loads a checkpoint
 with ``torch.load(weights_only=True)`` and rebuilds the model shaped like it
-(a dueling Q head and an LSTM core are read off its keys: R2D2). The model
+(a dueling Q head and an LSTM core are read off its keys: R2D2's, or a V-trace
+or IMPACT run's with ``--lstm-size``). The model
 holds its own input preprocessing: uint8 frames are scaled to [0, 1] and the
 observation normalizer's statistics are buffers saved with the weights. What
 the env does (Atari frame skip, 84x84 grayscale, frame stack; MinAtar's
@@ -23,9 +24,10 @@ starts an episode. Actor-critic policies sample their distribution (or take
 its mode: argmax logits, the Gaussian mean, with ``deterministic``); Q heads
 (R2D2) act greedily, with exploration ``conveyor.evaluate.EVAL_EPSILON`` unless
 ``deterministic``. A recurrent core also reads the previous action (kept in
-the state) and the previous reward: pass the env's last reward as ``reward``
-(its raw value; Atari runs trained on clipped rewards get its sign, as in
-training).
+the state: the action as the policy chose it, a continuous one before
+clipping to the bounds, as in training) and the previous reward: pass the
+env's last reward as ``reward`` (its raw value; Atari runs trained on clipped
+rewards get its sign, as in training).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from conveyor.models import ModelOut
 
 class RecurrentState(NamedTuple):
     """A recurrent policy's state between two ``act`` calls (treat it as opaque): the LSTM's ``h`` and ``c``
-    ``[1, B, H]`` and the previous actions ``[B]`` (the core reads them one-hot)."""
+    ``[1, B, H]`` and the previous actions, ``[B]`` int64 (the core reads them one-hot) or ``[B, A]`` float32."""
 
     h: Tensor
     c: Tensor
@@ -58,7 +60,7 @@ class RecurrentState(NamedTuple):
 class InferenceNet(nn.Module):
     """The model with what acting adds, as one module of tensors in and out (``conveyor export`` traces it).
 
-    ``forward(obs [B, *obs_shape] raw dtype[, state_h [1, B, H], state_c, prev_action [B], prev_reward [B]])``
+    ``forward(obs [B, *obs_shape] raw dtype[, state_h [1, B, H], state_c, prev_action [B(, A)], prev_reward [B]])``
     returns ``(action, head, value[, next_state_h, next_state_c])``: ``action`` the deterministic action
     (argmax of the logits or of Q; the Gaussian mean clipped to the action bounds), ``head`` the logits,
     the Gaussian mean or Q, ``value`` V(obs) (max Q for a Q head). ``prev_reward`` is the env's raw reward;
@@ -80,7 +82,7 @@ class InferenceNet(nn.Module):
                 prev_action: Tensor | None = None, prev_reward: Tensor | None = None) -> tuple[Any, Tensor]:
         """The model's ``ModelOut`` for ``obs`` ``[B, ...]`` (time dimension dropped) and the deterministic actions."""
         model = self.model
-        if self.recurrent:  # R2D2's (the one recurrent model), fed as ``conveyor eval`` and its inference feed it
+        if self.recurrent:  # fed as training's acting fed it (R2D2, V-trace and IMPACT with an LSTM core)
             reward = torch.sign(prev_reward) if self.sign_rewards else prev_reward
             out = model(obs.unsqueeze(0), (state_h, state_c), None, prev_action.unsqueeze(0), reward.unsqueeze(0))
         else:
@@ -162,7 +164,9 @@ class Policy:
         if not self.recurrent:
             return None
         h, c = self.model.initial_state(batch_size, self.device)
-        return RecurrentState(h, c, torch.zeros(batch_size, dtype=torch.long, device=self.device))
+        dtype = torch.long if self.net.discrete else torch.float32
+        shape = (batch_size, *self.model.policy.action_shape())
+        return RecurrentState(h, c, torch.zeros(shape, dtype=dtype, device=self.device))
 
     def reset_state(self, state: RecurrentState | None, starts: np.ndarray) -> RecurrentState | None:
         """``state`` with the rows where ``starts`` [B] is true back at an episode's start (a batch of envs
@@ -170,8 +174,9 @@ class Policy:
         if state is None:
             return None
         keep = torch.as_tensor(~np.asarray(starts, dtype=bool), device=self.device)
+        actions = keep.view(-1, *([1] * (state.prev_action.dim() - 1)))
         return RecurrentState(state.h * keep.view(1, -1, 1), state.c * keep.view(1, -1, 1),
-                              state.prev_action * keep)
+                              state.prev_action * actions)
 
     def _batch(self, obs: Any) -> tuple[Tensor, bool]:
         array = np.asarray(obs)
@@ -210,18 +215,18 @@ class Policy:
             inputs = (state.h, state.c, state.prev_action, prev_reward)
         out, greedy = self.net.outputs(x, *inputs)
         if deterministic:
-            actions = greedy
+            actions = chosen = greedy
         elif self.q_head:
             explore = torch.rand(batch_size, generator=self.generator) < EVAL_EPSILON
             uniform = torch.randint(out.q.shape[-1], (batch_size,), generator=self.generator)
-            actions = torch.where(explore.to(greedy.device), uniform.to(greedy.device), greedy)
+            actions = chosen = torch.where(explore.to(greedy.device), uniform.to(greedy.device), greedy)
         else:
-            actions = out.policy.sample(out.params, None, self.generator)
+            actions = chosen = out.policy.sample(out.params, None, self.generator)
             if not self.net.discrete:
                 actions = self.net.clip(actions)
         next_state = None
         if self.recurrent:
-            next_state = RecurrentState(out.state[0], out.state[1], actions.long())
+            next_state = RecurrentState(out.state[0], out.state[1], chosen.long() if self.net.discrete else chosen)
         result = actions.cpu().numpy()
         if not self.net.discrete:
             result = result.astype(self.action_space.dtype, copy=False)

@@ -94,6 +94,7 @@ BASE: dict[str, Any] = {
     "model.lstm_size": 0,  # source: feed-forward, as in PAAC, GA3C, IMPACT and HTS-RL
     "model.normalize_obs": False,  # source: PAAC, IMPALA, SEED feed raw observations
     "model.separate_value_net": False,  # source: one trunk, two heads (A3C, Mnih et al. 2016; PAAC)
+    "model.log_std_init": -0.5,  # source: tuned here: the Pendulum and HalfCheetah rows of BENCHMARKS.md (SB3: 0.0)
     "algo.gamma": 0.99,  # source: PAAC section 5.1, GA3C, IMPALA, IMPACT table 1
     "algo.lr": 3e-4,  # source: CleanRL ppo_continuous_action.py learning_rate (every algorithm sets its own)
     "algo.lr_schedule": "constant",  # source: PAAC section 5.1, GA3C, SEED table 8, IMPACT table 1: a fixed lr
@@ -191,7 +192,8 @@ CONTINUOUS_CONTROL: dict[str, Any] = {
     "env.normalize_reward": Derived("backend == shm",  # source: CleanRL ppo_continuous_action.py NormalizeReward
                                     lambda c: c.env.backend == "shm"),
     "model.normalize_obs": True,  # source: CleanRL ppo_continuous_action.py NormalizeObservation; rl-zoo normalize
-    "model.separate_value_net": True,  # source: CleanRL ppo_continuous_action.py: separate actor and critic MLPs
+    "model.separate_value_net": Derived("without an LSTM core",  # source: CleanRL ppo_continuous_action.py:
+                                       lambda c: not c.model.lstm_size),  # separate actor and critic MLPs
 }
 
 ALGO_FAMILY: dict[tuple[str, str], dict[str, Any]] = {

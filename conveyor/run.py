@@ -4,6 +4,11 @@ tracking (W&B, videos during training, TensorBoard hparams: ``tracking.py``).
 
 An architecture wires its own parts inside ``with Run(cfg) as run:`` and
 returns ``run.finish(learner)``.
+
+Under torchrun (``WORLD_SIZE`` set) the run is one rank of a data-parallel run
+(``conveyor/distributed.py``, imported only then): it steps its share of the envs
+(``env_cfg``, ``env_offset``), exchanges progress once per update
+(``share_progress``), and only rank 0 writes the run directory.
 """
 
 from __future__ import annotations
@@ -76,10 +81,22 @@ class Run:
     """Context for one training run; see the module docstring."""
 
     def __init__(self, cfg: RunCfg):
+        self.dist: Any = None  # under torchrun, this rank's distributed.DataParallel
+        if "WORLD_SIZE" in os.environ:
+            from conveyor.distributed import DataParallel
+
+            self.dist = DataParallel(cfg)
+            cfg = self.dist.restarted(cfg)
         self.cfg = cfg
-        if cfg.wandb:
+        self.writes = self.dist is None or self.dist.rank == 0
+        """Whether this process writes the run directory (under torchrun, rank 0 alone)."""
+        self.env_cfg = cfg.env if self.dist is None else self.dist.env_cfg(cfg.env)
+        """The envs this process steps: all of them, or under torchrun its rank's share."""
+        self.env_offset = 0 if self.dist is None else self.dist.env_offset
+        """Global index of this process's first env (seeds: docs/design.md "Seeds")."""
+        if cfg.wandb and self.writes:
             import_wandb()  # a missing package fails before anything is written
-        self.out = prepare_out_dir(cfg)
+        self.out = prepare_out_dir(cfg) if self.writes else Path(cfg.out)
         seed_everything(cfg.seed)
         torch.set_num_threads(cfg.learner_threads)
         # Read the checkpoint before any worker starts, so a bad one fails fast.
@@ -87,14 +104,19 @@ class Run:
         self.resume_state: dict[str, Any] = {}
         if cfg.resume:
             self.resume_path, self.resume_state = load_latest_checkpoint(cfg.resume)
-        else:  # a resumed run's config.json is rewritten once its checkpoint has been restored (``learner``)
+            self._check_world_size()
+        elif self.writes:  # a resumed run's config.json is rewritten once its checkpoint has been restored
             self._write_config()
         # The checkpoints of this run that rotation may delete: never files it did not write (checkpoints/ may
         # link to a directory that holds other runs' checkpoints). Inherited when the run goes on in place.
         same_dir = bool(cfg.resume) and os.path.samefile(cfg.resume, self.out)
         self._own_checkpoints: list[str] = list(self.resume_state.get("run_checkpoints", [])) if same_dir else []
         self.telemetry = Telemetry(self.out, log_interval_s=cfg.log_interval_s, progress=cfg.progress,
-                                   total_steps=cfg.total_steps)
+                                   total_steps=cfg.total_steps, files=self.writes)
+        self._pending_returns: list[np.ndarray] = []  # under torchrun: episodes not yet shared (share_progress)
+        self._shared = np.zeros(3)  # env steps, dropped steps, restarts as of the last share_progress
+        self._signal = 0  # under torchrun: a signal not yet shared
+        self._peers_out_of_time = False  # under torchrun: a rank reached --time-limit-s at the last share_progress
         self.stop_event = threading.Event()
         self.stop_reason = ""
         self.interrupted = threading.Event()  # a signal came: stop a video in flight rather than wait for it
@@ -105,10 +127,10 @@ class Run:
         self._resume_state_fn: Any = None
         self._final_checkpoint: Path | None = None
         self.target_return = resolve_target_return(cfg)
-        self.videos = VideoCapture(self.out, cfg.capture_video_every, self.telemetry) if cfg.capture_video_every \
-            else None
+        self.videos = VideoCapture(self.out, cfg.capture_video_every, self.telemetry) \
+            if cfg.capture_video_every and self.writes else None
         self.wandb: WandbTracker | None = None
-        if cfg.wandb:
+        if cfg.wandb and self.writes:
             try:
                 self.wandb = WandbTracker.open(cfg, self.out)
             except BaseException:
@@ -124,8 +146,9 @@ class Run:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if isinstance(exc, WorkerFailure) and self._learner is not None:
-            # A dead worker loses at most its own unfinished data, never the learner's progress.
+        if isinstance(exc, WorkerFailure) and self._learner is not None and self.dist is None:
+            # A dead worker loses at most its own unfinished data, never the learner's progress. (Under torchrun
+            # a checkpoint needs every rank, and the others are elsewhere: the group resumes from the last one.)
             self.checkpoint(self._learner)
         for closer in reversed(self._closers):
             with contextlib.suppress(Exception):
@@ -143,10 +166,15 @@ class Run:
         self.telemetry.close()
         if self.wandb is not None:
             self.wandb.finish(exit_code=0 if exc is None else 1)
+        if self.dist is not None:
+            self.dist.close()
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.interrupted.set()
-        self.request_stop(f"signal {signal.Signals(signum).name}")
+        if self.dist is not None:  # every rank stops at the same update: at the next share_progress
+            self._signal = self._signal or signum
+        else:
+            self.request_stop(f"signal {signal.Signals(signum).name}")
 
     def request_stop(self, reason: str) -> None:
         if not self.stop_event.is_set():
@@ -171,7 +199,7 @@ class Run:
                               "has continuous actions: use --algo a2c, ppo, vtrace or impact")
         learner = learner_cls(model, loss_fn, self.cfg)
         warning = presets.target_sync_warning(self.cfg)  # here: once the model and the algorithm are known to fit
-        if warning:
+        if warning and self.writes:
             print(warning, file=sys.stderr)
         if self.resume_path:
             state = self.resume_state
@@ -180,9 +208,27 @@ class Run:
             self._next_checkpoint = self.telemetry.env_steps + (self.cfg.checkpoint_every or 0)
             if self.videos is not None:
                 self.videos.start_at(self.telemetry.env_steps)
-            self._write_config()
+            if self.writes:
+                self._write_config()
+        if self.dist is not None:
+            learner.data_parallel = self.dist
+            self.dist.broadcast_([*learner.model.parameters(), *learner.model.buffers()])
+            self._shared = self._counters()
         self._learner = learner
         return learner
+
+    def _check_world_size(self) -> None:
+        """Refuse (one line) a checkpoint written by a run of another world size; under torchrun, keep this
+        rank's part of it (``rank_states``) as the architecture's resume state."""
+        size = 1 if self.dist is None else self.dist.size
+        saved = int(self.resume_state.get("world_size", 1))
+        if saved != size:
+            raise ConfigError(f"checkpoint {self.resume_path} was written by a run of world size {saved} and this "
+                              f"run has world size {size}: resume it with {saved} rank(s) in all (torchrun "
+                              "--nnodes x --nproc-per-node; 1: without torchrun)")
+        if "rank_states" in self.resume_state:
+            rank = 0 if self.dist is None else self.dist.rank
+            self.resume_state = {**self.resume_state, **self.resume_state["rank_states"][rank]}
 
     def _write_config(self) -> None:
         path = self.out / "config.json"
@@ -201,7 +247,47 @@ class Run:
     # ---- per step ------------------------------------------------------------------------
     def record_env_step(self, num_envs: int, episode_returns: np.ndarray) -> None:
         self.telemetry.add_steps(num_envs)
-        self.telemetry.add_episodes(episode_returns)
+        self.record_episodes(episode_returns)
+
+    def record_episodes(self, episode_returns: np.ndarray) -> None:
+        """One step of this process's envs: ``episode_returns [B]``, NaN where no episode ended. Under torchrun
+        they wait for ``share_progress``, which records every rank's in env order."""
+        if self.dist is None:
+            self.telemetry.add_episodes(episode_returns)
+        else:
+            self._pending_returns.append(np.asarray(episode_returns, np.float64).copy())
+
+    def _counters(self) -> np.ndarray:
+        tel = self.telemetry
+        return np.array([tel.env_steps, tel.dropped_steps, tel.restarts], np.float64)
+
+    def share_progress(self) -> None:
+        """Under torchrun: send every rank what this one recorded since the last call (env steps, episodes,
+        dropped steps and restarts, a signal, the time limit) and take in theirs, so that every rank's counters,
+        last-100 returns and stop decision are the same (collective: call it at the same point of every rank's
+        loop, right after an update's env steps are recorded and before ``after_update``, ``should_stop`` or
+        ``checkpoint_if_due`` read them; every rank has recorded as many steps of episodes). Without torchrun:
+        nothing, the telemetry took them as they came."""
+        if self.dist is None:
+            return
+        tel, cfg = self.telemetry, self.cfg
+        out_of_time = bool(cfg.time_limit_s and tel.wall_time_s >= cfg.time_limit_s)
+        returns = np.stack(self._pending_returns) if self._pending_returns else np.empty((0, self.env_cfg.num_envs))
+        self._pending_returns = []
+        mine = np.concatenate([[self._signal, out_of_time], self._counters() - self._shared, returns.reshape(-1)])
+        ranks = self.dist.exchange(mine)
+        for rank, theirs in enumerate(ranks):
+            if rank != self.dist.rank:
+                tel.add_steps(int(theirs[2]))
+                tel.add_restart(int(theirs[3]), int(theirs[4]))
+        width = self.env_cfg.num_envs  # every rank's
+        for step in np.concatenate([theirs[5:].reshape(len(returns), width) for theirs in ranks], axis=1):
+            tel.add_episodes(step)
+        self._shared = self._counters()
+        signals = [int(theirs[0]) for theirs in ranks if theirs[0]]
+        if signals:
+            self.request_stop(f"signal {signal.Signals(signals[0]).name}")
+        self._peers_out_of_time = any(bool(theirs[1]) for theirs in ranks)
 
     def after_update(self, learner: Learner, metrics: dict[str, float], checkpoint: bool = True) -> None:
         """Record the update; write a periodic checkpoint when one is due (unless the architecture
@@ -235,7 +321,8 @@ class Run:
             self.request_stop("total_steps reached")
         elif self.target_return is not None and len(tel.returns) >= 100 and tel.return_mean_last100 >= self.target_return:
             self.request_stop("target_return reached")
-        elif cfg.time_limit_s and tel.wall_time_s >= cfg.time_limit_s:
+        elif cfg.time_limit_s and (tel.wall_time_s >= cfg.time_limit_s if self.dist is None
+                                   else self._peers_out_of_time):  # under torchrun, as share_progress found
             self.request_stop("time_limit_s reached")
         return self.stop_event.is_set()
 
@@ -248,11 +335,15 @@ class Run:
         path = self.out / "checkpoints" / name
         if self._resume_state_fn is not None:
             extra = {**self._resume_state_fn(), **extra}
+        if self.dist is not None:  # collective: every rank's envs go into rank 0's file
+            extra = {"rank_states": self.dist.gather_states(extra)}
         names = [old for old in self._own_checkpoints if old != name] + [name]
         kept, rotated = names[-self.cfg.keep_checkpoints:], names[: -self.cfg.keep_checkpoints]
-        learner.save(path, **tel.saved_counters(), **extra, run_checkpoints=kept)
-        for old in rotated:
-            (self.out / "checkpoints" / old).unlink(missing_ok=True)
+        if self.writes:
+            learner.save(path, **tel.saved_counters(), **extra, run_checkpoints=kept,
+                         world_size=1 if self.dist is None else self.dist.size)
+            for old in rotated:
+                (self.out / "checkpoints" / old).unlink(missing_ok=True)
         self._own_checkpoints = kept
         return path
 
@@ -260,7 +351,9 @@ class Run:
         """Final checkpoint (its video, when one is due, is recorded as the run closes), summary.json,
         TensorBoard hparams; returns the summary."""
         self._final_checkpoint = self.checkpoint(learner)
-        if learner.skipped_updates:
+        if self.dist is not None:  # collective
+            extra = {**extra, "distributed": self.dist.summary(learner.param_sha256())}
+        if learner.skipped_updates and self.writes:
             print(f"conveyor: warning: {learner.skipped_updates} updates were skipped because their loss or "
                   "gradients were not finite (skipped_updates in summary.json): check the env's observations and "
                   "rewards for NaN/inf, or lower --lr", file=sys.stderr)

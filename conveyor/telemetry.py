@@ -37,10 +37,14 @@ TIME_BUCKETS = ("env", "act", "learn", "wait")
 
 class Telemetry:
     def __init__(self, out_dir: Path, *, log_interval_s: float = 2.0, progress: bool = True,
-                 total_steps: int = 0, tensorboard: bool = True, start_steps: int = 0, start_episodes: int = 0):
+                 total_steps: int = 0, tensorboard: bool = True, start_steps: int = 0, start_episodes: int = 0,
+                 files: bool = True):
+        """``files=False`` keeps every count and writes nothing (no file, no console line): the ranks other
+        than 0 of a run under torchrun."""
         self.out_dir = Path(out_dir)
+        self.files = files
         self.log_interval_s = log_interval_s
-        self.progress = progress and sys.stderr.isatty()
+        self.progress = progress and files and sys.stderr.isatty()
         self.total_steps = total_steps
         self.start_time = time.perf_counter()
         self._lock = threading.Lock()
@@ -64,9 +68,9 @@ class Telemetry:
         self._sinks: list[Any] = []
         self._once: dict[str, float] = {}  # values for the next row only (add_eval)
         self._media: dict[str, Path] = {}  # files that go to the sinks with the next row
-        self._csv = MetricsCsv(self.out_dir / "metrics.csv")
+        self._csv = MetricsCsv(self.out_dir / "metrics.csv") if files else None
         self._tb = None
-        if tensorboard:
+        if tensorboard and files:
             from torch.utils.tensorboard import SummaryWriter
 
             self._tb = SummaryWriter(str(self.out_dir / "tb"))
@@ -203,7 +207,8 @@ class Telemetry:
                 media, self._once, self._media = self._media, {}, {}
             lag = self.lag_summary()
             row["lag_mean"], row["lag_max"] = lag["mean"], lag["max"]
-            self._csv.write(row)
+            if self._csv is not None:
+                self._csv.write(row)
             if self._tb is not None:
                 for key, value in row.items():
                     if key != "env_steps" and isinstance(value, (int, float)) and math.isfinite(value):
@@ -248,6 +253,8 @@ class Telemetry:
         return summary
 
     def write_summary(self, summary: dict[str, Any]) -> None:
+        if not self.files:
+            return
         write_json_atomic(self.out_dir / "summary.json", summary)
         curve = np.array(self.return_curve, dtype=np.float64).reshape(-1, 3)
         np.savetxt(self.out_dir / "returns.csv", curve, delimiter=",", header="env_steps,wall_time_s,return",

@@ -1,7 +1,8 @@
 """After training: ``conveyor.load_policy``, ``conveyor enjoy`` (episode lines, videos) and ``conveyor export``
 (TorchScript and ONNX give load_policy's deterministic actions), on tiny real runs trained once per module:
-PAAC A2C on CartPole, PAAC PPO on Pendulum (continuous, normalized observations and rewards), PAAC with an
-LSTM core and SEED R2D2 (a recurrent dueling Q network)."""
+PAAC A2C on CartPole, PAAC PPO on Pendulum (continuous, normalized observations and rewards) and SEED R2D2 (a
+recurrent dueling Q network); and untrained actor-critics with an LSTM core (SEED V-trace on CartPole, IMPACT on
+Pendulum)."""
 
 from __future__ import annotations
 
@@ -55,7 +56,15 @@ def runs(tmp_path_factory):
         out = root / name
         conveyor.train(dataclasses.replace(cfg, out=str(out)))
         dirs[name] = out
+    lstm = ModelCfg(hidden=(16,), lstm_size=8, separate_value_net=False)
+    dirs["vtrace_lstm"] = synthetic_run(root / "vtrace_lstm", RunCfg(**_cartpole(), model=lstm,
+                                                                     arch=ArchCfg(name="seed")))
+    dirs["impact_lstm"] = synthetic_run(root / "impact_lstm", RunCfg(env=EnvCfg(id="Pendulum-v1"), model=lstm,
+                                                                     arch=ArchCfg(name="impact"), seed=0))
     return dirs
+
+
+RECURRENT = ("r2d2", "vtrace_lstm", "impact_lstm")
 
 
 def rollout(policy, steps, seed=0, deterministic=True):
@@ -77,10 +86,10 @@ def rollout(policy, steps, seed=0, deterministic=True):
 
 
 # ---- load_policy ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["paac", "pendulum", "r2d2"])
+@pytest.mark.parametrize("name", ["paac", "pendulum", "r2d2", "vtrace_lstm", "impact_lstm"])
 def test_load_policy_acts_validly_and_deterministically(runs, name):
     policy = conveyor.load_policy(runs[name], seed=3)
-    assert policy.recurrent == (name == "r2d2") and policy.q_head == (name == "r2d2")
+    assert policy.recurrent == (name in RECURRENT) and policy.q_head == (name == "r2d2")
     record = rollout(policy, 30, deterministic=False)  # sampled actions all lie in the action space
     obs = record[5][0]
     first, _ = policy.act(obs, deterministic=True)
@@ -110,7 +119,7 @@ def test_continuous_actions_are_clipped_to_the_bounds_and_float32(runs):
 
 
 def test_recurrent_state_is_carried_and_reset(runs):
-    for name in ("r2d2",):
+    for name in RECURRENT:
         policy = load_policy(runs[name])
         env = policy.make_env(seed=0)
         obs, _ = env.reset(seed=0)
@@ -124,6 +133,33 @@ def test_recurrent_state_is_carried_and_reset(runs):
         batch = policy.act(np.stack([obs, obs]), deterministic=True)[1]
         reset = policy.reset_state(batch, np.array([True, False]))
         assert float(reset.h[:, 0].abs().sum()) == 0 and torch.equal(reset.h[:, 1], batch.h[:, 1])
+        assert float(reset.prev_action[0].abs().sum()) == 0
+
+
+@pytest.mark.parametrize("name", ["vtrace_lstm", "impact_lstm"])
+def test_eval_agent_plays_a_recurrent_actor_critic_as_load_policy_does(runs, name):
+    """``conveyor eval``'s agent and ``load_policy`` feed the core alike (state, previous action and reward)."""
+    from conveyor.evaluate import ModelAgent
+
+    policy = load_policy(runs[name], seed=5)
+    agent = ModelAgent(policy.model)
+    agent.reset(1, 5)
+    env = policy.make_env(seed=0)
+    obs, _ = env.reset(seed=0)
+    state, reward = None, 0.0
+    for step in range(20):
+        action, state = policy.act(obs, state, reward=reward)
+        mine = agent.act(obs[None], np.array([reward], np.float32))[0]
+        if policy.net.discrete:
+            assert mine == action
+        else:
+            np.testing.assert_allclose(np.clip(mine, policy.action_space.low, policy.action_space.high), action,
+                                       rtol=1e-6, atol=1e-6)
+        obs, reward, terminated, truncated, _ = env.step(action)
+        if terminated or truncated:  # one episode: evaluation plays one per env
+            break
+    env.close()
+    assert step >= 5
 
 
 def test_play_env_is_the_training_env_with_real_games_and_raw_rewards():
@@ -170,8 +206,9 @@ def test_enjoy_returns_are_raw_env_returns(runs):
     assert length == 200 and ret == pytest.approx(total, rel=1e-6)
 
 
-def test_enjoy_plays_a_recurrent_q_network(runs, capsys):
-    assert main(["enjoy", "--run", str(runs["r2d2"]), "--episodes", "2", "--deterministic"]) == 0
+@pytest.mark.parametrize("name", ["r2d2", "vtrace_lstm"])
+def test_enjoy_plays_a_recurrent_policy(runs, capsys, name):
+    assert main(["enjoy", "--run", str(runs[name]), "--episodes", "2", "--deterministic"]) == 0
     assert len(episode_lines(capsys.readouterr().out)) == 2
 
 
@@ -209,7 +246,7 @@ def reference(policy, obs, state=None, reward=None):
 
 
 @pytest.mark.parametrize("fmt", ["torchscript", "onnx"])
-@pytest.mark.parametrize("name", ["paac", "pendulum", "r2d2"])
+@pytest.mark.parametrize("name", ["paac", "pendulum", "r2d2", "impact_lstm"])
 def test_exported_network_gives_load_policy_actions(runs, tmp_path, fmt, name):
     policy = load_policy(runs[name])
     out = tmp_path / f"policy.{'onnx' if fmt == 'onnx' else 'pt'}"

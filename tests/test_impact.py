@@ -276,7 +276,6 @@ def test_cli_preset_flag_and_refusals(tmp_path):
     cfg = config_from_args(args)
     assert (cfg.algo.name, cfg.arch.replay_times, cfg.arch.buffer_batches) == ("vtrace", 1, 2)
     assert main(["train", "--arch", "impact", "--preset", "appo", "--replay-times", "3"]) == 2
-    assert main(["train", "--arch", "impact", "--algo", "impact", "--lstm-size", "8", "--out", str(tmp_path)]) == 2
 
 # ---- end to end --------------------------------------------------------------------------------
 # Tuned on CartPole (rl-zoo's PPO settings for it: lr 1e-3, gamma 0.98, lambda 0.8) with K=8 replays.

@@ -17,7 +17,7 @@ CONTINUOUS = gym.spaces.Box(-1, 1, (3,), np.float32)
 def model_cfg(**fields):
     """A complete model config (a bare ``ModelCfg`` leaves its preset fields None)."""
     return ModelCfg(**{"name": "auto", "hidden": (64, 64), "lstm_size": 0, "normalize_obs": False,
-                       "separate_value_net": False, **fields})
+                       "separate_value_net": False, "log_std_init": -0.5, **fields})
 
 
 @pytest.mark.parametrize("name", ["nips_cnn", "nature_cnn", "impala_resnet"])
@@ -45,6 +45,11 @@ def test_gaussian_head_shapes_and_log_prob():
     reference = torch.distributions.Normal(mean, log_std.exp()).log_prob(actions).sum(-1)
     torch.testing.assert_close(out.log_prob(actions), reference)
     torch.testing.assert_close(out.entropy(), torch.distributions.Normal(mean, log_std.exp()).entropy().sum(-1))
+
+
+def test_gaussian_log_std_starts_at_log_std_init():
+    model = make_model(model_cfg(name="mlp", log_std_init=-2.0), VECTOR, CONTINUOUS)
+    torch.testing.assert_close(model(torch.randn(1, 5, 6)).params[..., 3:], torch.full((1, 5, 3), -2.0))
 
 
 def test_categorical_matches_torch_distribution():

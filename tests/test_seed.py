@@ -613,7 +613,6 @@ def test_learner_with_two_external_actors_learns_cartpole(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--local-actors", "0"], "remote actors need a shared token"),
-    (["--lstm-size", "8"], "runs feed-forward models"),
     (["--listen", "nohostport"], "is not HOST:PORT or unix:PATH"),
     (["--token-file", "/nonexistent/token"], "cannot read token file"),
     (["--num-envs", "300"], "would be refused by --max-actor-envs 256"),

@@ -4,7 +4,8 @@ Advantages come from the values recorded at acting time (``batch["behaviour_valu
 ``[T + 1, B]``), so they stay fixed across epochs and minibatches;
 ``returns = advantages + behaviour_value[:T]`` are the value targets.
 ``loss = ppo_clip(exp(logp - behaviour_logp), A) + value_coef * value - entropy_coef * entropy``;
-advantages are normalized per call when ``cfg.algo.normalize_advantages``.
+advantages are normalized per call when ``cfg.algo.normalize_advantages`` (over the whole minibatch when
+data-parallel ranks each hold part of it: ``batch["advantage_moments"]``).
 Minibatching happens outside (``Learner.update_epochs``): by env columns, any B
 works; by single steps (feed-forward models), the batch first gets its fixed
 targets from ``with_targets`` (``advantages``, ``returns`` ``[T, B]``), which the
@@ -38,7 +39,7 @@ def make_loss(cfg: RunCfg) -> LossFn:
             advantages, returns = _targets(batch, values, algo.gae_lambda)
         valid = batch.get("valid")
         if algo.normalize_advantages:
-            advantages = normalize_advantages(advantages, mask=valid)
+            advantages = normalize_advantages(advantages, mask=valid, moments=batch.get("advantage_moments"))
         acting = model_out.time_slice(0, T)
         log_ratio = acting.log_prob(batch["actions"]) - batch_series(batch, "behaviour_logp", values)
         ratio = torch.exp(log_ratio)

@@ -164,6 +164,18 @@ def update_markdown_section(path: Path, section: str, body: str) -> None:
     path.write_text(replace_section(text, section, body))
 
 
+def publish_results(root: Path, section: str, rows: Sequence[dict[str, Any]], table: str,
+                    markdown: bool = True) -> None:
+    """What a ``benchmarks/*.py`` script leaves: ``rows`` in ``benchmarks/results/<section>.csv`` (``-`` as
+    ``_``), ``table`` on stdout and, with ``markdown``, as the ``section`` of ``BENCHMARKS.md``."""
+    results = root / "benchmarks" / "results" / f"{section.replace('-', '_')}.csv"
+    results.parent.mkdir(parents=True, exist_ok=True)
+    write_csv(results, rows)
+    print(table)
+    if markdown:
+        update_markdown_section(root / "BENCHMARKS.md", section, table)
+
+
 def _num(value: Any, digits: int = 0) -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "-"

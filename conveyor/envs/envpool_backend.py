@@ -92,7 +92,8 @@ def _task(cfg: EnvCfg) -> tuple[str, dict[str, Any], bool]:
 class EnvpoolVectorEnv:
     """``cfg.num_envs`` envs in one envpool (``cfg.num_workers`` threads), same API as ``ShmVectorEnv``."""
 
-    def __init__(self, cfg: EnvCfg, seed: int, *, copy: bool = True) -> None:
+    def __init__(self, cfg: EnvCfg, seed: int, *, copy: bool = True, env_offset: int = 0) -> None:
+        """``env_offset``: the global index of env 0 here (a data-parallel rank's share of the envs)."""
         import envpool
 
         task, options, self.is_atari = _task(cfg)
@@ -100,7 +101,7 @@ class EnvpoolVectorEnv:
         try:
             self._pool = envpool.make(task, env_type="gymnasium", num_envs=batch, batch_size=batch,
                                       num_threads=cfg.num_workers, seed=seed,
-                                      env_seed=[seed + i for i in range(batch)], **options)
+                                      env_seed=[seed + env_offset + i for i in range(batch)], **options)
         except (TypeError, ValueError, KeyError) as exc:
             raise ConfigError(f"envpool rejected {task!r} with {options}: {exc}") from None
         self.cfg = cfg

@@ -75,7 +75,7 @@ class WorkerSpec(NamedTuple):
     gamma: float | None
     """The run's discount, for ``EnvCfg.normalize_reward`` (``make_env``); None leaves rewards as they are."""
     first_env: int
-    """Global index of this worker's first env."""
+    """Row of this worker's first env in the shared arrays (its index among the vector env's envs)."""
     num_envs: int
     episodes: tuple
     """Per env, the index of the episode its first ``reset`` starts."""
@@ -86,6 +86,9 @@ class WorkerSpec(NamedTuple):
     shm_fd: int
     command_fd: int
     reply_fd: int
+    env_offset: int = 0
+    """Global index of the shared arrays' row 0 (a data-parallel rank's first env): env ``env_offset + row``
+    is seeded as above."""
 
 
 class ObsShapeMismatch(Exception):
@@ -108,6 +111,7 @@ class EnvWorker:
         self.next_episode = list(spec.episodes)
         self.pending_replay: list = list(spec.replay) or [None] * spec.num_envs
         rows = slice(spec.first_env, spec.first_env + spec.num_envs)
+        self.first = spec.env_offset + spec.first_env  # global index of env 0 here (seeds)
         self.obs = shared["obs"][rows]
         self.final_obs = shared["final_obs"][rows]
         self.actions = shared["actions"][rows]
@@ -126,7 +130,7 @@ class EnvWorker:
         self.envs = []
         for i in range(spec.num_envs):
             self.beat()
-            self.envs.append(make_env(spec.env_cfg, spec.seed + spec.first_env + i, spec.gamma))
+            self.envs.append(make_env(spec.env_cfg, spec.seed + self.first + i, spec.gamma))
 
     def beat(self) -> None:
         """Say that an env call begins now (see ``env_worker_layout``)."""
@@ -135,14 +139,14 @@ class EnvWorker:
     def put(self, rows: np.ndarray, i: int, obs: Any) -> None:
         if np.shape(obs) != self.obs_shape:
             raise ObsShapeMismatch(
-                f"env {self.spec.first_env + i} ({self.spec.env_cfg.id}) returned an observation of shape "
+                f"env {self.first + i} ({self.spec.env_cfg.id}) returned an observation of shape "
                 f"{np.shape(obs)}, expected {self.obs_shape} as at the start of the run"
             )
         rows[i] = obs
 
     def start_episode(self, i: int) -> tuple[Any, dict]:
         """Reset env i with its next episode's seed (an Atari lost life continues the game instead)."""
-        seed = episode_seed(self.spec.seed, self.spec.first_env + i, self.next_episode[i])
+        seed = episode_seed(self.spec.seed, self.first + i, self.next_episode[i])
         self.next_episode[i] += 1
         self.beat()
         return self.envs[i].reset(seed=seed)
@@ -156,13 +160,13 @@ class EnvWorker:
             obs, _, terminated, truncated, _ = self.envs[i].step(
                 action if self.int_actions else np.asarray(action, self.actions.dtype))
             if bool(terminated or truncated) != boundary:
-                raise RuntimeError(f"replaying env {self.spec.first_env + i} ({self.spec.env_cfg.id}): its episode "
+                raise RuntimeError(f"replaying env {self.first + i} ({self.spec.env_cfg.id}): its episode "
                                    f"{'ended' if boundary else 'went on'} at step {step} of the recorded run but not "
                                    "now; the env is not deterministic given its seed, so it cannot be resumed exactly")
             if boundary:
                 obs, _ = self.start_episode(i)
         if self.next_episode[i] != target:
-            raise RuntimeError(f"replaying env {self.spec.first_env + i}: reached episode {self.next_episode[i]}, "
+            raise RuntimeError(f"replaying env {self.first + i}: reached episode {self.next_episode[i]}, "
                                f"expected {target}: the checkpoint's env history is inconsistent")
         return obs
 
@@ -216,7 +220,7 @@ class EnvWorker:
 
     def replace_after_error(self, i: int, error: Exception) -> None:
         """Count the error, then cut the episode as truncated at its last good observation and reset."""
-        where = f"env {self.spec.first_env + i} ({self.spec.env_cfg.id}) raised on step"
+        where = f"env {self.first + i} ({self.spec.env_cfg.id}) raised on step"
         print(f"conveyor env worker {self.spec.index}: {where}:\n{traceback.format_exc()}", file=sys.stderr,
               flush=True)
         write_message(self.message, f"{where}: {traceback.format_exception_only(error)[-1].strip()}")

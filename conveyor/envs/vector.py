@@ -75,10 +75,11 @@ class ObsShapeError(WorkerFailure):
 
 def make_vector_env(cfg: EnvCfg, seed: int, *, gamma: float | None = None, copy: bool = True,
                     restart_workers: bool = False, env_state: dict[str, Any] | None = None,
-                    stop: Callable[[], bool] | None = None) -> VectorEnv:
+                    stop: Callable[[], bool] | None = None, env_offset: int = 0) -> VectorEnv:
     """``cfg.num_envs`` envs stepped together by ``cfg.backend`` (``shm`` or ``envpool``).
 
-    Env i is seeded with ``seed + i``. ``step`` returns a ``StepResult``. With
+    Env i is seeded with ``seed + env_offset + i`` (``env_offset``: its global index is that, when the envs
+    are a data-parallel rank's share of a run's). ``step`` returns a ``StepResult``. With
     ``copy=False`` its arrays (and ``reset``'s) are views into buffers that
     the next ``reset``/``step`` overwrites: use it when the caller copies
     the data out at once, to avoid allocating every step. ``gamma`` is the
@@ -91,9 +92,9 @@ def make_vector_env(cfg: EnvCfg, seed: int, *, gamma: float | None = None, copy:
         if env_state is not None:
             raise ConfigError("the envpool backend cannot rebuild its envs from a checkpoint: resume with "
                               "--env-backend shm")
-        return EnvpoolVectorEnv(cfg, seed, copy=copy)
+        return EnvpoolVectorEnv(cfg, seed, copy=copy, env_offset=env_offset)
     return ShmVectorEnv(cfg, seed, gamma=gamma, copy=copy, restart_workers=restart_workers, env_state=env_state,
-                        stop=stop)
+                        stop=stop, env_offset=env_offset)
 
 
 class _Worker(NamedTuple):
@@ -122,11 +123,13 @@ class ShmVectorEnv:
 
     def __init__(self, cfg: EnvCfg, seed: int, *, gamma: float | None = None, copy: bool = True,
                  poll_interval_s: float = 0.2, restart_workers: bool = False,
-                 env_state: dict[str, Any] | None = None, stop: Callable[[], bool] | None = None) -> None:
+                 env_state: dict[str, Any] | None = None, stop: Callable[[], bool] | None = None,
+                 env_offset: int = 0) -> None:
         """``stop``: polled while waiting for workers that are slow to answer; once it returns true, they get
-        ``CLOSE_GRACE_S`` more (see the module docstring)."""
+        ``CLOSE_GRACE_S`` more (see the module docstring). ``env_offset``: see ``make_vector_env``."""
         self.cfg = cfg
         self.seed = seed
+        self.env_offset = env_offset
         self.gamma = gamma
         self.num_envs = cfg.num_envs
         self.num_workers = cfg.num_workers
@@ -252,7 +255,7 @@ class ShmVectorEnv:
         replay = tuple(tuple(plan) for plan in self.history.replay_plan()[rows]) if self._replaying else ()
         spec = WorkerSpec(index, self.cfg, self.seed, self.gamma, index * per_worker, per_worker,
                           tuple(self.history.next_episode[rows].tolist()), replay, self._shared.specs,
-                          self._shared.fd, command_read, reply_write)
+                          self._shared.fd, command_read, reply_write, self.env_offset)
         process = start_child(_WORKER_ENTRY, spec, (self._shared.fd, command_read, reply_write))
         os.close(command_read)
         os.close(reply_write)

@@ -47,9 +47,10 @@ def _init_linear(layer: nn.Linear, gain: float) -> nn.Linear:
 class ActorCritic(nn.Module):
     """[ObsNormalizer] -> encoder -> [LSTM core] -> policy head + value head (or a dueling Q head).
 
-    ``forward(obs [T, B, ...], state, done [T, B], prev_action [T, B], prev_reward [T, B])``.
-    The LSTM takes the one-hot previous action and the previous reward with the
-    features (R2D2) and resets its state where ``done`` marks a new episode.
+    ``forward(obs [T, B, ...], state, done [T, B], prev_action [T, B(, A)], prev_reward [T, B])``.
+    The LSTM takes the previous action (one-hot for discrete actions, the action
+    vector for continuous ones) and the previous reward with the features
+    (R2D2, IMPALA) and resets its state where ``done`` marks a new episode.
     With ``separate_value_net`` the value head reads a second encoder of the
     same architecture (no LSTM core, no dueling head). ``obs_normalizer`` is
     None unless ``normalize_obs``; its statistics change only through
@@ -88,7 +89,8 @@ class ActorCritic(nn.Module):
         self.lstm_size = cfg.lstm_size
         self.num_actions = self.policy.param_size if self.policy.discrete else 0
         if self.lstm_size:
-            extra = self.num_actions + 1  # one-hot previous action, previous reward
+            extra = self.policy.param_size if self.policy.discrete else self.policy.action_dim
+            extra += 1  # previous action (one-hot or the vector), previous reward
             self.core = nn.LSTM(feat + extra, self.lstm_size)
             feat = self.lstm_size
         if dueling:
@@ -102,7 +104,7 @@ class ActorCritic(nn.Module):
             out = self.policy.param_size if self.policy.discrete else self.policy.action_dim
             self.policy_head = _init_linear(nn.Linear(feat, out), 0.01)
             if not self.policy.discrete:
-                self.log_std = nn.Parameter(torch.full((self.policy.action_dim,), -0.5))
+                self.log_std = nn.Parameter(torch.full((self.policy.action_dim,), float(cfg.log_std_init)))
             self.value_head = _init_linear(nn.Linear(feat, 1), 1.0)
 
     def initial_state(self, batch_size: int, device: torch.device | str = "cpu") -> tuple[Tensor, Tensor] | None:
@@ -137,11 +139,14 @@ class ActorCritic(nn.Module):
               prev_reward: Tensor | None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         T, B = feat.shape[:2]
         if prev_action is None:
-            prev_action = torch.zeros(T, B, dtype=torch.long, device=feat.device)
+            prev_action = torch.zeros(T, B, *self.policy.action_shape(), device=feat.device)
         if prev_reward is None:
             prev_reward = torch.zeros(T, B, device=feat.device)
-        one_hot = nn.functional.one_hot(prev_action.long(), self.num_actions).float()
-        inputs = torch.cat([feat, one_hot, prev_reward.float().unsqueeze(-1)], dim=-1)
+        if self.policy.discrete:
+            previous = nn.functional.one_hot(prev_action.long(), self.num_actions).float()
+        else:
+            previous = prev_action.float()
+        inputs = torch.cat([feat, previous, prev_reward.float().unsqueeze(-1)], dim=-1)
         if state is None:
             state = self.initial_state(B, feat.device)
         if done is None:

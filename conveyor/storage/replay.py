@@ -66,10 +66,9 @@ import torch
 from torch import Tensor
 
 from conveyor.config import ConfigError
-from conveyor.storage.schema import marker_tensor
+from conveyor.storage.schema import STATE_KEYS, marker_tensor
 from conveyor.storage.sum_tree import SumTree
 
-STATE_KEYS = ("state_h", "state_c")
 OBS_KEYS = ("first", "prev_action", "prev_reward")
 STEP_KEYS = ("actions", "rewards", "discounts", "policy_version")
 

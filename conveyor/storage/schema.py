@@ -44,6 +44,8 @@ from conveyor.storage.shm import ArraySpec
 
 UINT8_MARKER = 0xAB
 FIELD_KINDS = ("obs", "step", "start")
+STATE_KEYS = ("state_h", "state_c")
+"""The fields of an LSTM core's state ``(h, c)`` at a rollout's first step (kind ``start``, ``[B, H]``)."""
 
 
 def marker_value(dtype: torch.dtype) -> float | int | bool:
@@ -125,10 +127,16 @@ def standard_fields(obs: FieldSpec, action: FieldSpec) -> dict[str, FieldSpec]:
         "policy_version": FieldSpec((), torch.int64),
         # The unclipped return of the episode that ended at step t; NaN elsewhere.
         "episode_return": FieldSpec((), torch.float64),
-        # The recurrent core's inputs besides obs (R2D2): the action and reward before obs[t], zeros where first.
+        # A recurrent core's inputs besides obs: the action and reward before obs[t], zeros where first.
         "prev_action": FieldSpec(action.shape, action.dtype, "obs"),
         "prev_reward": FieldSpec((), torch.float32, "obs"),
     }
+
+
+def state_fields(lstm_size: int) -> dict[str, FieldSpec]:
+    """The extras holding an LSTM core's state of width ``lstm_size`` at a rollout's first step (``STATE_KEYS``);
+    none for a feed-forward model (``lstm_size`` 0)."""
+    return {name: FieldSpec((lstm_size,), torch.float32, "start") for name in STATE_KEYS} if lstm_size else {}
 
 
 class RolloutSchema:

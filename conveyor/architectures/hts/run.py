@@ -29,6 +29,10 @@ from, the env history and the round count. A resumed run rebuilds every env
 ``param_sha256`` as a run that never stopped. Ctrl-C lets the round in flight
 finish (up to ``STOP_GRACE_S``) so the last checkpoint is such a point too.
 
+Under torchrun each rank runs this whole loop on its share of the envs (their global indices seed them and
+their uniforms); the delayed gradient is averaged over the ranks before clipping and applied by each, and the
+ranks swap, stop and checkpoint together (docs/design.md "Data-parallel learners").
+
 Faults: a dead executor is restarted (``conveyor.architectures.hts.actors.restart_dead_executors``), and
 so is one whose env hangs in a call (``--env-step-timeout-s``: ``StateBuffer.kill_hung``);
 the round in flight completes with its envs re-run from step 0 on their next
@@ -82,9 +86,11 @@ def run(cfg: RunCfg) -> dict[str, Any]:
     with Run(cfg) as run:
         resumed = run.resume_state.get("hts_rounds") is not None
         rounds = int(run.resume_state["hts_rounds"]) if resumed else 0
-        history = EnvHistory.from_state(run.resume_state["env_state"]) if resumed else EnvHistory(cfg.env.num_envs)
-        buffer = run.closing(StateBuffer(cfg.env, cfg.seed, cfg.arch.sync_interval, gamma=cfg.algo.gamma,
-                                         start=history if resumed else None, first_round=rounds))
+        env_cfg = run.env_cfg  # this process's envs (under torchrun, its rank's share)
+        history = EnvHistory.from_state(run.resume_state["env_state"]) if resumed else EnvHistory(env_cfg.num_envs)
+        buffer = run.closing(StateBuffer(env_cfg, cfg.seed, cfg.arch.sync_interval, gamma=cfg.algo.gamma,
+                                         start=history if resumed else None, first_round=rounds,
+                                         env_offset=run.env_offset))
         if not resumed:
             history.start_games(slice(None))
         obs_space = buffer.single_observation_space
@@ -94,7 +100,7 @@ def run(cfg: RunCfg) -> dict[str, Any]:
         acting = copy.deepcopy(learner.model).requires_grad_(False)
         behaviour = [t.detach().clone() for t in acting_tensors(learner.model)]
         schema = RolloutSchema.build(obs_space, model.policy, ROLLOUT_FIELDS)
-        storage = DoubleStorage(lambda: RolloutStorage(schema, cfg.arch.sync_interval, cfg.env.num_envs,
+        storage = DoubleStorage(lambda: RolloutStorage(schema, cfg.arch.sync_interval, env_cfg.num_envs,
                                                        learner.device))
         actors = run.closing(Actors(cfg.arch.num_actors, buffer, storage, acting, cfg.algo.gamma, run.telemetry))
         actors.version = learner.version
@@ -135,6 +141,7 @@ def run(cfg: RunCfg) -> dict[str, Any]:
                 run.record_env_step(storage.B, full.episode_returns[t])
             run.telemetry.add_time("env", buffer.env_seconds - env_seconds)
             env_seconds, run.telemetry.env_errors = buffer.env_seconds, buffer.env_errors
+            run.share_progress()
             if run.should_stop():
                 break
             run.checkpoint_if_due(learner)  # at the swap: everything a resumed run needs is here

@@ -112,6 +112,8 @@ class ExecutorSpec(NamedTuple):
     """Write end of the shared ready pipe."""
     action_fd: int
     """Read end of this executor's action pipe."""
+    env_offset: int = 0
+    """Global index of env 0 of the buffer (a data-parallel rank's first env): seeds and uniforms use it."""
 
 
 class _Executor(NamedTuple):
@@ -144,10 +146,13 @@ class StateBuffer:
     """Parent side: starts the executors; actors take requests and answer them; the main thread starts rounds."""
 
     def __init__(self, cfg: EnvCfg, seed: int, sync_interval: int, *, gamma: float | None = None,
-                 start: EnvHistory | None = None, first_round: int = 0) -> None:
+                 start: EnvHistory | None = None, first_round: int = 0, env_offset: int = 0) -> None:
         """``start``: rebuild every env to the state this history recorded (a resumed run), and play rounds
-        from ``first_round`` on; otherwise every env starts episode 0."""
+        from ``first_round`` on; otherwise every env starts episode 0. ``env_offset``: the global index of env
+        0 here, when the envs are a data-parallel rank's share of a run's (env i is seeded as env
+        ``env_offset + i``)."""
         self.cfg, self.num_envs, self.sync_interval, self.seed = cfg, cfg.num_envs, sync_interval, seed
+        self.env_offset = env_offset
         self.gamma = gamma
         self.single_observation_space, self.single_action_space = env_spaces(cfg, seed)
         obs_space, act_space = self.single_observation_space, self.single_action_space
@@ -208,7 +213,8 @@ class StateBuffer:
         action_read, action_write = os.pipe()
         spec = ExecutorSpec(index, int(self._incarnation[index]), self.cfg, self.seed, self.gamma, index * per, per,
                             tuple(episodes.tolist()), replay, first_round, join_round, self.sync_interval,
-                            self._uniform_shape, self.shared.specs, self.shared.fd, self._ready_write, action_read)
+                            self._uniform_shape, self.shared.specs, self.shared.fd, self._ready_write, action_read,
+                            self.env_offset)
         try:
             process = start_child(_ENTRY, spec, (self.shared.fd, self._ready_write, action_read))
         except BaseException:
@@ -331,8 +337,8 @@ def _incoming(action_fd: int, num_envs: int, heartbeat: np.ndarray) -> Iterator[
 def _serve(spec: ExecutorSpec, shared: SharedArrays) -> None:
     alpha, first = spec.sync_interval, spec.first_env
     envs = [EnvWorker(WorkerSpec(spec.index, spec.env_cfg, spec.seed, spec.gamma, first + i, 1, (spec.episodes[i],),
-                                 (spec.replay[i],) if spec.replay else (), spec.array_specs, spec.shm_fd, -1, -1),
-                      shared) for i in range(spec.num_envs)]
+                                 (spec.replay[i],) if spec.replay else (), spec.array_specs, spec.shm_fd, -1, -1,
+                                 spec.env_offset), shared) for i in range(spec.num_envs)]
     uniform, request_step = shared["uniform"], shared["request_step"]
     env_seconds = shared["env_seconds"][spec.index:spec.index + 1]
     steps = np.zeros(spec.num_envs, np.int64)
@@ -359,7 +365,8 @@ def _serve(spec: ExecutorSpec, shared: SharedArrays) -> None:
             if command != GO:
                 raise RuntimeError(f"executor {spec.index} got record {command} between rounds, expected GO")
             steps[:] = 0
-            uniforms = [uniform_generator(spec.seed, first + i, round_index) for i in range(spec.num_envs)]
+            uniforms = [uniform_generator(spec.seed, spec.env_offset + first + i, round_index)
+                        for i in range(spec.num_envs)]
             round_index += 1
             post(list(range(first, first + spec.num_envs)))
             pending = spec.num_envs

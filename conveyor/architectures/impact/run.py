@@ -13,7 +13,10 @@ parameters from the ``ParamBlock`` when their version has moved.
 The learner walks the ``CircularBuffer`` round-robin. When the position at
 the cursor is empty it takes the oldest ready slot, copies it in and hands
 the slot back to its worker. On a batch's first use the target network's
-log-probs (and policy parameters, for the KL penalty) are attached. Every
+log-probs (and policy parameters, for the KL penalty) are attached. With an
+LSTM core (``--lstm-size``) each batch carries the state its envs started it
+from and the core's inputs (``workers.batch_fields``); the learner and the
+target network replay it from that state (``acting.forward_unrolls``). Every
 update: lag histogram, one optimizer step; every ``--target-update``
 updates the target network copies the learner, every ``--broadcast-interval``
 updates the learner publishes its weights.
@@ -42,13 +45,14 @@ from typing import Any
 import torch
 
 from conveyor import algos
+from conveyor.acting import forward_unrolls
 from conveyor.config import RunCfg
 from conveyor.errors import WorkerFailure
 from conveyor.envs import env_spaces
 from conveyor.models import make_model
 from conveyor.run import Run
 from conveyor.storage.circular import CircularBuffer
-from conveyor.architectures.impact.workers import BATCH_FIELDS, POLL_S, SLOTS_PER_WORKER, Workers, pool_specs
+from conveyor.architectures.impact.workers import POLL_S, SLOTS_PER_WORKER, Workers, batch_fields, pool_specs
 from conveyor.architectures.impact.params import ParamBlock
 from conveyor.storage.shm import SharedArrays
 
@@ -66,12 +70,13 @@ def run(cfg: RunCfg) -> dict[str, Any]:
                                       on_restart=run.telemetry.add_restart, stopping=run.stop_event.is_set))
         buffer = CircularBuffer(arch.buffer_batches, arch.replay_times, learner.device)
         worker_versions = [-1] * cfg.env.num_workers
+        fields = batch_fields(cfg)
 
         @torch.no_grad()
         def attach_target(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             if target is None:  # APPO: the worker's policy is the trust region's anchor
                 return {"target_logp": batch["behaviour_logp"]}
-            out = target(batch["obs"][:-1])
+            out = forward_unrolls(target, batch).time_slice(0, -1)  # an LSTM core replays from the batch's state
             extra = {"target_logp": out.log_prob(batch["actions"])}
             if cfg.algo.kl_coef > 0:
                 extra["target_params"] = out.params
@@ -84,7 +89,7 @@ def run(cfg: RunCfg) -> dict[str, Any]:
                         slot = workers.next_slot(POLL_S)  # restarts dead workers (their partial batches dropped)
                     if slot is None:
                         continue
-                    buffer.put({name: pool[name][slot] for name in BATCH_FIELDS})
+                    buffer.put({name: pool[name][slot] for name in fields})
                     returns, (env_s, act_s) = pool["episode_return"][slot].copy(), pool["seconds"][slot]
                     worker_versions[slot // SLOTS_PER_WORKER] = int(pool["policy_version"][slot].max())
                     run.telemetry.add_time("env", env_s)

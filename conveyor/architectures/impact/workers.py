@@ -7,7 +7,11 @@ slot index to the learner down a pipe (one byte), and fills its other slot;
 the learner copies the batch into its circular buffer and hands the slot
 back. Between batches a worker loads the newest parameters from the
 ``ParamBlock`` when their version has moved. Nothing is pickled; a closed
-pipe tells either side the other has gone.
+pipe tells either side the other has gone. A model with an LSTM core acts
+from each env's state, previous action and reward (``acting.CoreCarry``,
+carried across batches and reset at episode starts); a slot then also holds
+the state at its first step and ``first``, ``prev_action``, ``prev_reward``
+at all S + 1 observations (``batch_fields``).
 
 Slot ownership. A slot belongs either to its worker (free, or being filled)
 or to the learner (sent, not yet handed back: ``Workers.held``). A worker
@@ -65,14 +69,14 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from conveyor.acting import policy_step, step_targets
+from conveyor.acting import CoreCarry, policy_step, step_targets
 from conveyor.config import RunCfg
 from conveyor.errors import WorkerDied, WorkerFailure
 from conveyor.envs import make_vector_env
 from conveyor.envs.shm_worker import MESSAGE_BYTES, write_message
 from conveyor.models import make_model, policy_family
 from conveyor.architectures.impact.params import ParamBlock
-from conveyor.storage.schema import RolloutSchema
+from conveyor.storage.schema import STATE_KEYS, RolloutSchema, state_fields
 from conveyor.storage.shm import ArraySpec, SharedArrays
 from conveyor.procs import (RestartBudget, array_specs_from_json, child_prologue, close_children, exit_reason, reap,
                             start_child, terminate)
@@ -87,12 +91,23 @@ _WORKER_ENTRY = "from conveyor.architectures.impact.workers import worker_main; 
 POLL_S = 0.2
 BATCH_FIELDS = ("obs", "actions", "rewards", "discounts", "behaviour_logp", "policy_version")
 """What the learner trains on; a slot also holds each step's finished-episode return (``episode_return``)."""
+CORE_FIELDS = ("first", "prev_action", "prev_reward")
+"""What a model with an LSTM core also reads at each of the S + 1 observations."""
+
+
+def batch_fields(cfg: RunCfg) -> tuple[str, ...]:
+    """The fields of a batch the learner trains on: ``BATCH_FIELDS``, and for a model with an LSTM core
+    ``CORE_FIELDS`` and the state the batch started from (``STATE_KEYS``)."""
+    return (*BATCH_FIELDS, *(CORE_FIELDS + STATE_KEYS if cfg.model.lstm_size else ()))
 
 
 def pool_specs(cfg: RunCfg, obs_space: gym.Space, action_space: gym.Space) -> list[ArraySpec]:
-    """Layout of the worker batch slots: ``[W * SLOTS_PER_WORKER, S (+1), E, ...]`` per rollout field."""
+    """Layout of the worker batch slots: ``[W * SLOTS_PER_WORKER, S (+1), E, ...]`` per rollout field
+    (``[W * SLOTS_PER_WORKER, E, H]`` for the LSTM state at a batch's first step)."""
     slots, S, E = cfg.env.num_workers * SLOTS_PER_WORKER, cfg.arch.worker_batch, cfg.env.envs_per_worker
-    schema = RolloutSchema.build(obs_space, policy_family(action_space), (*BATCH_FIELDS, "episode_return"))
+    recurrent = CORE_FIELDS if cfg.model.lstm_size else ()
+    schema = RolloutSchema.build(obs_space, policy_family(action_space),
+                                 (*BATCH_FIELDS, *recurrent, "episode_return"), state_fields(cfg.model.lstm_size))
     return [
         *schema.array_specs(slots, S, E),
         ArraySpec("seconds", (slots, 2), "float64"),  # the batch's env and act time
@@ -149,25 +164,34 @@ def collect(spec: dict[str, Any], pool: SharedArrays) -> None:
         free = FreeSlots(spec["command_fd"], index * SLOTS_PER_WORKER, spec["free"])
         slot_steps = pool["slot_steps"]
         obs = torch.as_tensor(venv.reset())
+        carry = CoreCarry(model, E) if cfg.model.lstm_size else None  # each env's LSTM state across batches
         while (slot := free.next()) is not None:
             if params.version > version:
                 version = params.read_into(model)
-            batch = {name: pool[name][slot] for name in (*BATCH_FIELDS, "episode_return")}
+            batch = {name: pool[name][slot] for name in (*batch_fields(cfg), "episode_return")}
             slot_steps[slot] = 0
             env_s = act_s = 0.0
+            if carry is not None:  # the state the learner replays this batch from
+                for name, rows in zip(STATE_KEYS, carry.state):
+                    batch[name][:] = rows
             for t in range(S):
                 start = time.perf_counter()
-                act = policy_step(model, obs, sampler)
+                core = None if carry is None else carry.inputs()
+                act = policy_step(model, obs, sampler, core=core)
                 actions = act.actions.numpy()
                 started_env = time.perf_counter()
                 step = venv.step(actions if bounds is None else np.clip(actions, *bounds))
                 stepped = time.perf_counter()
                 rewards, discounts = step_targets(model, step.reward, step.terminated, step.truncated,
-                                                  step.final_obs, cfg.algo.gamma)
+                                                  step.final_obs, cfg.algo.gamma,
+                                                  core=None if carry is None else carry.after(act, step.reward))
                 for name, value in (("obs", obs), ("actions", actions), ("behaviour_logp", act.logp),
                                     ("rewards", rewards), ("discounts", discounts), ("policy_version", version),
                                     ("episode_return", step.episode_return)):
                     batch[name][t] = value
+                if carry is not None:
+                    _write_core(batch, t, core)
+                    carry.advance(act, step.reward, step.terminated | step.truncated)
                 slot_steps[slot] = t + 1
                 obs = torch.as_tensor(step.obs)
                 env_s += stepped - started_env
@@ -175,11 +199,20 @@ def collect(spec: dict[str, Any], pool: SharedArrays) -> None:
                 if not free.poll():
                     return
             batch["obs"][S] = obs
+            if carry is not None:
+                _write_core(batch, S, carry.inputs())
             pool["seconds"][slot] = (env_s, act_s)
             pool["env_errors"][index] = spec["env_errors_base"] + venv.env_errors
             os.write(spec["reply_fd"], bytes([slot - index * SLOTS_PER_WORKER]))  # the slot is the learner's now
     finally:
         venv.close()
+
+
+def _write_core(batch: dict[str, np.ndarray], t: int, core: Any) -> None:
+    """The core's inputs besides obs (``CORE_FIELDS``) at observation ``t`` of a batch slot."""
+    batch["first"][t] = core.first
+    batch["prev_action"][t] = core.prev_action
+    batch["prev_reward"][t] = core.prev_reward
 
 
 class FreeSlots:

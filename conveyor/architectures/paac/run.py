@@ -14,6 +14,10 @@ steps before it bootstrap from its V(s_t), as at a truncation) and counted in ``
 ``env_steps``; the rest of the rollout, theirs included, is trained on. Checkpoints hold
 the env history and the sampler's state, so a resumed run rebuilds every env
 and reaches the same parameters as an uninterrupted one.
+
+Under torchrun each rank steps its share of the n_e envs and samples their
+actions from the draw for all n_e; the ranks' gradients are averaged before
+clipping (docs/design.md "Data-parallel learners").
 """
 
 from __future__ import annotations
@@ -35,8 +39,9 @@ from conveyor.storage.schema import RolloutSchema
 
 def run(cfg: RunCfg) -> dict[str, Any]:
     with Run(cfg) as run:
-        venv = run.closing(make_vector_env(cfg.env, cfg.seed, gamma=cfg.algo.gamma, restart_workers=True,
-                                           env_state=run.resume_state.get("env_state"), stop=run.should_stop))
+        venv = run.closing(make_vector_env(run.env_cfg, cfg.seed, gamma=cfg.algo.gamma, restart_workers=True,
+                                           env_state=run.resume_state.get("env_state"), stop=run.should_stop,
+                                           env_offset=run.env_offset))
         model = make_model(cfg.model, venv.single_observation_space, venv.single_action_space)
         learner = run.learner(model, algos.make_loss(cfg))
         device = learner.device
@@ -52,13 +57,14 @@ def run(cfg: RunCfg) -> dict[str, Any]:
         # A2C's parameters stay fixed for the whole rollout: backpropagate through the acting
         # forwards rather than run them again (PPO's later epochs need fresh forwards anyway).
         reuse_graph = not is_ppo
+        rows = None if run.dist is None else (run.env_offset, cfg.env.num_envs)  # this rank's rows of all envs
         obs = torch.as_tensor(venv.reset(), device=device)
         while not run.should_stop():
             outputs = []
             restarts_before = venv.restarts
             for t in range(cfg.arch.unroll):
                 with run.timer("act"):
-                    act = policy_step(model, obs, sampler, keep_graph=reuse_graph)
+                    act = policy_step(model, obs, sampler, keep_graph=reuse_graph, rows=rows)
                     outputs.append(act.out)
                 with run.timer("env"):
                     step = venv.step(act.actions.cpu().numpy())
@@ -69,7 +75,7 @@ def run(cfg: RunCfg) -> dict[str, Any]:
                 if step.restarted.any():
                     storage.drop_step(t, torch.as_tensor(step.restarted, device=device))
                 obs = torch.as_tensor(step.obs, device=device)
-                run.telemetry.add_episodes(step.episode_return)
+                run.record_episodes(step.episode_return)
             with run.timer("learn"):
                 run.telemetry.add_lag(learner.version, storage.policy_version)
                 if reuse_graph:
@@ -85,5 +91,6 @@ def run(cfg: RunCfg) -> dict[str, Any]:
                 run.telemetry.add_steps(kept)
                 if venv.restarts > restarts_before:
                     run.telemetry.add_restart(storage.valid.numel() - kept, venv.restarts - restarts_before)
+            run.share_progress()
             run.after_update(learner, metrics)
         return run.finish(learner)

@@ -48,12 +48,15 @@ episodes stay counted as cut.
 Extension points (R2D2 plugs in here):
 
 - the ``Policy``: what acts. V-trace samples from the actor-critic and keeps
-  behaviour log-probs (``architectures.seed.ActorCriticPolicy``). R2D2
-  would take epsilon-greedy actions with ``eps_i = 0.4 ** (1 + 7 i / (N - 1))``
-  for env slot ``i`` (``ActInput.slots``), declare its LSTM state in
-  ``state_fields`` with ``initial_state``, read ``ActInput.first``,
-  ``prev_action``, ``prev_reward``, and give ``bootstrap_values`` from its
-  Q-values;
+  behaviour log-probs (``architectures.seed.run.ActorCriticPolicy``). R2D2
+  takes epsilon-greedy actions with ``eps_i = 0.4 ** (1 + 7 i / (N - 1))``
+  for env slot ``i`` (``ActInput.slots``) and gives ``bootstrap_values`` from
+  its Q-values. A policy whose model has an LSTM core (R2D2's always, V-trace's
+  with ``--lstm-size``; ``LearnerPolicy``) declares its state in
+  ``state_fields`` with ``initial_state`` and reads ``ActInput.first``,
+  ``prev_action``, ``prev_reward``: every unroll then stores them and the
+  state it started from, which the learner replays it from
+  (``acting.forward_unrolls``);
 - the unroll sink: V-trace ``UnrollQueue.put``; R2D2 inserts the sequence
   (``obs``, ``actions``, ``rewards``, ``discounts``, ``first``,
   ``prev_action``, ``prev_reward``, start state) into replay;
@@ -71,8 +74,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from conveyor.acting import step_targets
-from conveyor.storage.schema import FieldSpec, RolloutSchema
+from conveyor.acting import CoreInputs, step_targets
+from conveyor.learner import Learner
+from conveyor.storage.schema import FieldSpec, RolloutSchema, action_field, state_fields
 from conveyor.storage.unrolls import PartialUnrolls, UnrollSink
 from conveyor.architectures.seed.batcher import EnvSteps, InferenceStats
 
@@ -120,6 +124,30 @@ class Policy(Protocol):
     def bootstrap_values(self, inputs: ActInput) -> Tensor:
         """``[B]`` value of the final observations ``inputs.obs`` of truncated episodes."""
         ...
+
+
+class LearnerPolicy:
+    """What the policies acting with the learner's own model share (V-trace's, R2D2's): the model, the lock that
+    keeps acting forwards off parameters mid-update, the action spec, and for a model with an LSTM core the
+    state each env slot carries (``state_fields``, ``initial_state``) and the core's inputs (``core``)."""
+
+    def __init__(self, learner: Learner, lock: Any) -> None:
+        self.learner = learner
+        self.lock = lock
+        self.lstm_size = learner.model.lstm_size
+        self.action_spec = action_field(learner.model.policy)
+        self.state_fields = state_fields(self.lstm_size)
+
+    def initial_state(self, n: int) -> tuple[Tensor, ...]:
+        return tuple(torch.zeros(n, self.lstm_size) for _ in self.state_fields)
+
+    def core(self, inputs: ActInput, reset: bool = True) -> CoreInputs | None:
+        """The core's inputs besides the observations (None without a core); ``reset`` False ignores ``first``
+        (a truncated episode's final observation continues its episode)."""
+        if not self.state_fields:
+            return None
+        return CoreInputs(inputs.state, inputs.first if reset else None,  # type: ignore[arg-type]
+                          inputs.prev_action, inputs.prev_reward)
 
 
 UNROLL_FIELDS = ("obs", "first", "actions", "rewards", "discounts", "policy_version")

@@ -31,14 +31,14 @@ import torch
 from torch import Tensor, nn
 
 from conveyor import algos
+from conveyor.acting import forward_step, forward_unrolls
 from conveyor.config import ConfigError, RunCfg
 from conveyor.learner import Learner, LossFn
 from conveyor.models import make_model
 from conveyor.returns import value_rescale_inverse
 from conveyor.run import Run
-from conveyor.storage.replay import STATE_KEYS, SequenceReplay, check_replay_fits
-from conveyor.storage.schema import FieldSpec, action_field
-from conveyor.architectures.seed.inference import ActInput, ActOutput
+from conveyor.storage.replay import SequenceReplay, check_replay_fits
+from conveyor.architectures.seed.inference import ActInput, ActOutput, LearnerPolicy
 
 def actor_epsilons(num_actors: int, base: float = 0.4, alpha: float = 7.0) -> Tensor:
     """Per-actor exploration ``eps_i = base ** (1 + alpha i / (N - 1))`` for i in [0, N) (Ape-X, R2D2, SEED
@@ -76,7 +76,7 @@ def make_replay(cfg: RunCfg, observation_space: gym.spaces.Box, lstm_size: int) 
                           importance_exponent=cfg.algo.importance_exponent)
 
 
-class R2D2Policy:
+class R2D2Policy(LearnerPolicy):
     """Epsilon-greedy acting on the learner's online network, for ``inference.CentralInference``.
 
     Env slot ``i`` acts with ``epsilons[i % len(epsilons)]``. The LSTM state
@@ -90,37 +90,25 @@ class R2D2Policy:
 
     def __init__(self, learner: Learner, lock: threading.Lock, epsilons: Tensor, seed: int,
                  value_rescale_eps: float = 1e-3):
-        self.learner = learner
-        self.lock = lock
+        super().__init__(learner, lock)
         self.epsilons = epsilons.float().cpu()
         self.value_rescale_eps = value_rescale_eps
         self.generator = torch.Generator().manual_seed(seed)
-        self.lstm_size = learner.model.lstm_size
-        self.action_spec = action_field(learner.model.policy)
-        self.state_fields = {name: FieldSpec((self.lstm_size,), torch.float32, "start") for name in STATE_KEYS}
-
-    def initial_state(self, n: int) -> tuple[Tensor, Tensor]:
-        return torch.zeros(n, self.lstm_size), torch.zeros(n, self.lstm_size)
 
     @torch.no_grad()
-    def _q(self, inputs: ActInput, done: Tensor | None) -> tuple[Tensor, tuple[Tensor, Tensor], int]:
-        device = self.learner.device
-        state = tuple(s.to(device).unsqueeze(0) for s in inputs.state)
-        done = None if done is None else done.to(device).unsqueeze(0)
+    def _q(self, inputs: ActInput, reset: bool) -> tuple[Tensor, tuple[Tensor, Tensor], int]:
         with self.lock:
-            out = self.learner.model(inputs.obs.to(device).unsqueeze(0), state, done,
-                                     inputs.prev_action.to(device).unsqueeze(0),
-                                     inputs.prev_reward.to(device).unsqueeze(0))
+            out = forward_step(self.learner.model, inputs.obs.to(self.learner.device), self.core(inputs, reset))
             version = self.learner.version
         return out.q[0], tuple(s[0].cpu() for s in out.state), version
 
     def act(self, inputs: ActInput) -> ActOutput:
-        q, state, version = self._q(inputs, inputs.first)
+        q, state, version = self._q(inputs, True)
         epsilon = self.epsilons[inputs.slots % len(self.epsilons)]
         return ActOutput(epsilon_greedy(q, epsilon, self.generator), version, {}, state)
 
     def bootstrap_values(self, inputs: ActInput) -> Tensor:
-        q, _, _ = self._q(inputs, None)
+        q, _, _ = self._q(inputs, False)
         return value_rescale_inverse(q.max(-1).values, self.value_rescale_eps)
 
 
@@ -261,15 +249,14 @@ class R2D2Learner(Learner):
         return loss, metrics
 
     def forward(self, batch: dict[str, Tensor]) -> Any:
-        return self.model(batch["obs"], batch["state"], batch["first"], batch["prev_action"], batch["prev_reward"])
+        return forward_unrolls(self.model, batch, batch["state"])
 
     def learning_batch(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
         """The learning part of sampled sequences: burned-in online state, target-network Q, sliced steps."""
         K = self.burn_in
         state = (batch["state_h"].unsqueeze(0), batch["state_c"].unsqueeze(0))
         with torch.no_grad():
-            target_q = self.target_model(batch["obs"], state, batch["first"], batch["prev_action"],
-                                         batch["prev_reward"]).q[K:]
+            target_q = forward_unrolls(self.target_model, batch, state).q[K:]
             if K:
                 state = self.model(batch["obs"][:K], state, batch["first"][:K], batch["prev_action"][:K],
                                    batch["prev_reward"][:K]).state

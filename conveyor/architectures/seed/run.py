@@ -14,7 +14,11 @@ learner, three kinds of threads (paper figure 3):
    (``storage.unrolls``);
 3. training (this thread): V-trace updates. Parameters change under the
    inference thread's feet, so one unroll can mix policy versions; each
-   step records its own, and the lag histogram shows the mix.
+   step records its own, and the lag histogram shows the mix. A model with
+   an LSTM core (``--lstm-size``) acts from each env slot's state; every
+   unroll stores the state at its first step with ``first``, ``prev_action``
+   and ``prev_reward``, and the update replays it from there
+   (``acting.forward_unrolls``).
 
 Only the parameter update and the acting forward pass hold the lock that
 keeps them from interleaving.
@@ -60,39 +64,37 @@ from conveyor.learner import Learner
 from conveyor.models import make_model
 from conveyor.architectures.seed.r2d2 import ReplayLearning
 from conveyor.run import Run
-from conveyor.storage.schema import FieldSpec, action_field, observation_field
+from conveyor.storage.schema import observation_field
 from conveyor.storage.unrolls import Prefetcher, UnrollQueue
 from conveyor.architectures.seed.batcher import Batcher, InferenceStats
-from conveyor.architectures.seed.inference import ActInput, ActOutput, CentralInference, unroll_schema
+from conveyor.architectures.seed.inference import (ActInput, ActOutput, CentralInference, LearnerPolicy,
+                                                    unroll_schema)
 from conveyor.architectures.seed.server import (MAX_PEER_ENV_SLOTS, MAX_PEER_STREAMS, SeedServer, learner_token,
                                                  unix_socket_path)
 
 
-class ActorCriticPolicy:
-    """V-trace acting on the learner: sample from the learner's own model, keep behaviour log-probs."""
+class ActorCriticPolicy(LearnerPolicy):
+    """V-trace acting on the learner: sample from the learner's own model, keep behaviour log-probs; a model
+    with an LSTM core acts from each env slot's state (``CentralInference`` keeps it and stores it at each
+    unroll's start)."""
 
     step_fields = ("behaviour_logp",)
-    state_fields: dict[str, FieldSpec] = {}
 
     def __init__(self, learner: Learner, lock: threading.Lock, seed: int) -> None:
-        self.learner = learner
-        self.lock = lock
+        super().__init__(learner, lock)
         self.generator = torch.Generator(device=learner.device).manual_seed(seed)
-        self.action_spec = action_field(learner.model.policy)
-
-    def initial_state(self, n: int) -> tuple[torch.Tensor, ...]:
-        return ()
 
     def act(self, inputs: ActInput) -> ActOutput:
         obs = inputs.obs.to(self.learner.device)
         with self.lock:
             version = self.learner.version
-            action = policy_step(self.learner.model, obs, self.generator)
-        return ActOutput(action.actions, version, {"behaviour_logp": action.logp})
+            action = policy_step(self.learner.model, obs, self.generator, core=self.core(inputs))
+        return ActOutput(action.actions, version, {"behaviour_logp": action.logp},
+                         tuple(s.cpu() for s in action.state))
 
     def bootstrap_values(self, inputs: ActInput) -> torch.Tensor:
         with self.lock:
-            return values_of(self.learner.model, inputs.obs.to(self.learner.device))
+            return values_of(self.learner.model, inputs.obs.to(self.learner.device), self.core(inputs, False))
 
 
 def check_config(cfg: RunCfg) -> None:
