@@ -12,7 +12,6 @@ import re
 from pathlib import Path
 
 import gymnasium as gym
-import imageio_ffmpeg
 import numpy as np
 import pytest
 import torch
@@ -25,6 +24,7 @@ from conveyor.export import input_names, output_names
 from conveyor.learner import save_checkpoint
 from conveyor.models import make_model
 from conveyor.policy import load_policy, play_env_cfg
+from tests.videos import video_size_and_frames
 
 torch.set_num_threads(1)
 # torch 2.13 deprecates torch.jit (TorchScript), which still works: its load warns.
@@ -184,9 +184,8 @@ def test_enjoy_prints_one_line_per_episode_and_records_every_frame(runs, tmp_pat
     assert [float(r) for r, _ in lines] == lengths  # CartPole: +1 per step, the raw return
     assert video.is_file() and video.stat().st_size > 0
     assert not list(tmp_path.glob(".*partial*"))
-    frames = imageio_ffmpeg.read_frames(str(video))
-    assert next(frames)["size"] == (600, 400)  # CartPole's own rgb_array frames
-    assert imageio_ffmpeg.count_frames_and_secs(str(video))[0] == sum(lengths) + 2  # a reset frame per episode
+    # CartPole's own rgb_array frames, and a reset frame per episode
+    assert video_size_and_frames(video) == ((600, 400), sum(lengths) + 2)
 
 
 def test_enjoy_returns_are_raw_env_returns(runs):
@@ -229,8 +228,8 @@ def test_atari_video_holds_the_raw_emulator_frames(tmp_path, capsys):
     video = tmp_path / "pong.mp4"
     assert main(["enjoy", "--run", str(run), "--episodes", "1", "--max-steps", "3", "--video", str(video)]) == 0
     assert "cut at --max-steps 3" in capsys.readouterr().out
-    assert next(imageio_ffmpeg.read_frames(str(video)))["size"] == (160, 210)  # not the 84x84 network input
-    frames = imageio_ffmpeg.count_frames_and_secs(str(video))[0]
+    size, frames = video_size_and_frames(video)
+    assert size == (160, 210)  # not the 84x84 network input
     assert 1 + 1 + 3 * 4 <= frames <= 1 + 2 + 3 * 4  # reset, 1-2 no-ops, 3 agent steps of 4 emulator frames
 
 

@@ -322,6 +322,7 @@ def test_impact_learns_cartpole(tmp_path):
     assert max(summary["worker_param_versions"]) > 0  # it learned, so workers acted with updated weights
 
 
+@pytest.mark.slow  # 40-75 s; impact's learning stays in make test on CartPole and Memory-v0
 def test_impact_improves_pendulum(tmp_path):
     # Gaussian head. Random play scores -1256 +- 296 per Pendulum-v1 episode (200 episodes), so the mean of
     # 100 random episodes lies within -1256 +- 90 (3 standard errors). With these settings 70k env steps

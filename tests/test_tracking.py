@@ -13,13 +13,13 @@ import threading
 import time
 from pathlib import Path
 
-import imageio_ffmpeg
 import pytest
 import torch
 
 from conveyor.cli import main
 from conveyor.telemetry import Telemetry
 from conveyor.tracking import VideoCapture
+from tests.videos import video_size_and_frames
 
 torch.set_num_threads(1)
 
@@ -129,9 +129,7 @@ def check_video(run_dir: Path) -> dict[str, str]:
     steps, length = int(row["eval/env_steps"]), int(row["eval/length"])
     assert videos[0].name == f"step-{steps:012d}.mp4"
     assert float(row["eval/return"]) == length  # CartPole: 1 per step
-    frames = imageio_ffmpeg.read_frames(str(videos[0]))
-    assert next(frames)["size"] == (600, 400)
-    assert imageio_ffmpeg.count_frames_and_secs(str(videos[0]))[0] == length + 1 > 1
+    assert video_size_and_frames(videos[0]) == ((600, 400), length + 1) and length > 0
     assert int(float(row["count/videos"])) == 1
     return row
 
