@@ -388,6 +388,7 @@ def test_autotune_plot_is_written(tmp_path):
 
 # ---- end to end ----------------------------------------------------------------------------------
 
+@pytest.mark.slow  # make test keeps tests/test_learns_by_default.py: this architecture on CartPole, default flags
 def test_ga3c_reaches_the_cartpole_threshold(tmp_path):
     """Mean last-100 return >= 195 (about 55k steps, 20 s on 2 cores); the summary is honest about lag."""
     import conveyor

@@ -320,6 +320,7 @@ def test_executors_exit_when_the_parent_is_killed():
         parent.wait()
 
 
+@pytest.mark.slow  # make test keeps tests/test_learns_by_default.py: this architecture on CartPole, default flags
 def test_hts_a2c_learns_cartpole(tmp_path):
     # Random play scores ~22; seeds 0-3 of this setting reached 150 after 43-54k steps (README, hts section).
     cfg = hts_cfg(tmp_path, algo_cfg=AlgoCfg(name="a2c", lr=3e-3), actors=2, total_steps=100_000,
