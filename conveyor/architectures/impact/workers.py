@@ -210,9 +210,8 @@ def collect(spec: dict[str, Any], pool: SharedArrays) -> None:
 
 def _write_core(batch: dict[str, np.ndarray], t: int, core: Any) -> None:
     """The core's inputs besides obs (``CORE_FIELDS``) at observation ``t`` of a batch slot."""
-    batch["first"][t] = core.first
-    batch["prev_action"][t] = core.prev_action
-    batch["prev_reward"][t] = core.prev_reward
+    for name in CORE_FIELDS:
+        batch[name][t] = getattr(core, name)
 
 
 class FreeSlots:
