@@ -40,6 +40,8 @@ ARCHS = ("paac", "ga3c", "seed", "impact", "hts")
 ALGOS = ("a2c", "ppo", "vtrace", "impact", "r2d2", "ga3c")
 MODELS = ("auto", "mlp", "nips_cnn", "nature_cnn", "impala_resnet", "minatar_cnn")
 ENV_BACKENDS = ("shm", "envpool")
+LAUNCHERS = ("process", "ray")
+RAY_STRATEGIES = ("pack", "spread", "strict_spread")
 OPTIMIZERS = ("rmsprop", "adam")
 LR_SCHEDULES = ("constant", "linear")
 IMPACT_RATIOS = ("target", "worker", "impact")
@@ -361,6 +363,16 @@ class ArchCfg:
     actor_idle_timeout_s: float = 30.0
     """SEED: seconds the learner waits for an actor's Hello or next step before it ends the stream and frees its
     env slots (a live actor reconnects)."""
+    # launcher (seed, impact)
+    launcher: str = "process"
+    """SEED actors and IMPACT workers: ``process`` (child processes of this run) or ``ray`` (Ray actors, on this
+    host or a cluster's nodes; needs ``pip install 'conveyor[ray]'``)."""
+    ray_address: str = "local"
+    """``--launcher ray``: ``local`` starts a one-node Ray for this run, bound to loopback; ``auto`` joins the
+    cluster ``ray start`` made on this host; ``HOST:PORT`` joins the cluster whose head listens there."""
+    ray_strategy: str = "spread"
+    """``--launcher ray``: how actors spread over nodes (Ray placement-group strategies): ``pack`` fills nodes
+    in turn, ``spread`` spreads where it can, ``strict_spread`` needs a node per actor."""
     batch_size: int | None = None
     """Learner batch size in unrolls/sequences (SEED, R2D2)."""
     seq_len: int | None = None
@@ -400,6 +412,16 @@ class ArchCfg:
         _typed(self)
         _choice("arch", self.name, ARCHS)
         _choice("preset", self.preset or None, tuple(IMPACT_PRESETS))
+        _choice("launcher", self.launcher, LAUNCHERS)
+        _choice("ray_strategy", self.ray_strategy, RAY_STRATEGIES)
+        if self.launcher == "ray" and self.name in ("paac", "hts"):
+            raise ConfigError(f"--arch {self.name} steps its envs beside one learner; --launcher ray places SEED "
+                              "actors and IMPACT workers: to spread paac or hts over machines run data-parallel "
+                              "learners with `torchrun --nproc_per_node N -m conveyor train ...`")
+        if self.launcher == "ray" and self.name == "ga3c":
+            raise ConfigError("--arch ga3c runs its agents beside the predictors in one process; --launcher ray "
+                              "places actors for --arch seed (central batched inference, GA3C's design over a "
+                              "network) or IMPACT workers: use --arch seed")
         if self.preset and self.name != "impact":
             raise ConfigError(f"--preset {self.preset} is an IMPACT comparison preset: use it with --arch impact")
         _positive(self, "unroll", "num_actors", "sync_interval", "num_agents", "num_predictors",

@@ -54,6 +54,8 @@ from conveyor.run import Run
 from conveyor.storage.circular import CircularBuffer
 from conveyor.architectures.impact.workers import POLL_S, SLOTS_PER_WORKER, Workers, batch_fields, pool_specs
 from conveyor.architectures.impact.params import ParamBlock
+from conveyor.architectures.impact.ray_workers import RayWorkers
+from conveyor.ray_launcher import RayLauncher, check_available
 from conveyor.storage.shm import SharedArrays
 
 def run(cfg: RunCfg) -> dict[str, Any]:
@@ -66,8 +68,15 @@ def run(cfg: RunCfg) -> dict[str, Any]:
         pool = run.closing(SharedArrays(pool_specs(cfg, obs_space, action_space)))
         params = run.closing(ParamBlock(model))
         params.publish(model, learner.version)
-        workers = run.closing(Workers(cfg, pool, params, max_restarts=cfg.env.max_restarts,
-                                      on_restart=run.telemetry.add_restart, stopping=run.stop_event.is_set))
+        restarts = {"max_restarts": cfg.env.max_restarts, "on_restart": run.telemetry.add_restart,
+                    "stopping": run.stop_event.is_set}
+        if arch.launcher == "ray":
+            check_available()
+            launcher = run.closing(RayLauncher(arch.ray_address, arch.ray_strategy, count=cfg.env.num_workers,
+                                               role="impact worker", out=run.out))
+            workers = run.closing(RayWorkers(cfg, pool, params, launcher, model, **restarts))
+        else:
+            workers = run.closing(Workers(cfg, pool, params, **restarts))
         buffer = CircularBuffer(arch.buffer_batches, arch.replay_times, learner.device)
         worker_versions = [-1] * cfg.env.num_workers
         fields = batch_fields(cfg)

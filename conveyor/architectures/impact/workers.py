@@ -150,62 +150,99 @@ def worker_main() -> None:
 
 def collect(spec: dict[str, Any], pool: SharedArrays) -> None:
     """Fill free slots with S-step batches until the learner closes the command pipe."""
-    cfg, index = RunCfg.from_dict(spec["cfg"]), spec["index"]
-    E, S = cfg.env.envs_per_worker, cfg.arch.worker_batch
-    env_seed, sampler_seed = worker_seeds(cfg, index, spec["life"])
-    venv = make_vector_env(dataclasses.replace(cfg.env, num_envs=E, num_workers=1), env_seed, gamma=cfg.algo.gamma)
+    index = spec["index"]
+    collector = BatchCollector(RunCfg.from_dict(spec["cfg"]), index, spec["life"])
     try:
-        model = make_model(cfg.model, venv.single_observation_space, venv.single_action_space)
-        params = ParamBlock(model, spec["params_fd"])
-        version = params.read_into(model)  # a restarted worker acts with the newest weights from its first step
-        space = venv.single_action_space
-        bounds = None if model.policy.discrete else (space.low, space.high)
-        sampler = torch.Generator().manual_seed(sampler_seed)
+        params = ParamBlock(collector.model, spec["params_fd"])
+        version = params.read_into(collector.model)  # a restarted worker acts with the newest weights from its first step
         free = FreeSlots(spec["command_fd"], index * SLOTS_PER_WORKER, spec["free"])
         slot_steps = pool["slot_steps"]
-        obs = torch.as_tensor(venv.reset())
-        carry = CoreCarry(model, E) if cfg.model.lstm_size else None  # each env's LSTM state across batches
         while (slot := free.next()) is not None:
             if params.version > version:
-                version = params.read_into(model)
-            batch = {name: pool[name][slot] for name in (*batch_fields(cfg), "episode_return")}
+                version = params.read_into(collector.model)
             slot_steps[slot] = 0
-            env_s = act_s = 0.0
-            if carry is not None:  # the state the learner replays this batch from
-                for name, rows in zip(STATE_KEYS, carry.state):
-                    batch[name][:] = rows
-            for t in range(S):
-                start = time.perf_counter()
-                core = None if carry is None else carry.inputs()
-                act = policy_step(model, obs, sampler, core=core)
-                actions = act.actions.numpy()
-                started_env = time.perf_counter()
-                step = venv.step(actions if bounds is None else np.clip(actions, *bounds))
-                stepped = time.perf_counter()
-                rewards, discounts = step_targets(model, step.reward, step.terminated, step.truncated,
-                                                  step.final_obs, cfg.algo.gamma,
-                                                  core=None if carry is None else carry.after(act, step.reward))
-                for name, value in (("obs", obs), ("actions", actions), ("behaviour_logp", act.logp),
-                                    ("rewards", rewards), ("discounts", discounts), ("policy_version", version),
-                                    ("episode_return", step.episode_return)):
-                    batch[name][t] = value
-                if carry is not None:
-                    _write_core(batch, t, core)
-                    carry.advance(act, step.reward, step.terminated | step.truncated)
-                slot_steps[slot] = t + 1
-                obs = torch.as_tensor(step.obs)
-                env_s += stepped - started_env
-                act_s += time.perf_counter() - stepped + started_env - start
-                if not free.poll():
-                    return
-            batch["obs"][S] = obs
-            if carry is not None:
-                _write_core(batch, S, carry.inputs())
-            pool["seconds"][slot] = (env_s, act_s)
-            pool["env_errors"][index] = spec["env_errors_base"] + venv.env_errors
+
+            def written(steps: int, slot: int = slot) -> bool:
+                slot_steps[slot] = steps
+                return free.poll()
+
+            seconds = collector.fill({name: pool[name][slot] for name in collector.fields}, version, written)
+            if seconds is None:
+                return
+            pool["seconds"][slot] = seconds
+            pool["env_errors"][index] = spec["env_errors_base"] + collector.env_errors
             os.write(spec["reply_fd"], bytes([slot - index * SLOTS_PER_WORKER]))  # the slot is the learner's now
     finally:
-        venv.close()
+        collector.close()
+
+
+class BatchCollector:
+    """What one life of worker ``index`` acts with: its ``env.envs_per_worker`` envs (seeded by ``worker_seeds``),
+    its copy of the policy, its action sampler and, for an LSTM core, each env's state across batches; ``fill``
+    writes the next S-step batch. The process workers fill shared slots with it, Ray workers their replies."""
+
+    def __init__(self, cfg: RunCfg, index: int, life: int) -> None:
+        self.cfg, E = cfg, cfg.env.envs_per_worker
+        env_seed, sampler_seed = worker_seeds(cfg, index, life)
+        self.venv = make_vector_env(dataclasses.replace(cfg.env, num_envs=E, num_workers=1), env_seed,
+                                    gamma=cfg.algo.gamma)
+        try:
+            self.model = make_model(cfg.model, self.venv.single_observation_space, self.venv.single_action_space)
+            space = self.venv.single_action_space
+            self.bounds = None if self.model.policy.discrete else (space.low, space.high)
+            self.sampler = torch.Generator().manual_seed(sampler_seed)
+            self.obs = torch.as_tensor(self.venv.reset())
+            self.carry = CoreCarry(self.model, E) if cfg.model.lstm_size else None  # each env's LSTM state
+        except BaseException:
+            self.venv.close()
+            raise
+        self.fields = (*batch_fields(cfg), "episode_return")
+        """The arrays ``fill`` writes (``[S (+1), E, ...]`` each, as in a slot of ``pool_specs``)."""
+
+    @property
+    def env_errors(self) -> int:
+        return self.venv.env_errors
+
+    def fill(self, batch: dict[str, np.ndarray], version: int,
+             written: Callable[[int], bool] = lambda steps: True) -> tuple[float, float] | None:
+        """Act ``S`` steps with the model (parameters ``version``) and write them into ``batch`` (``fields``);
+        ``written(t + 1)`` after each step, and ``False`` from it stops (returns None). Returns the batch's env
+        and act seconds."""
+        model, carry, S = self.model, self.carry, self.cfg.arch.worker_batch
+        env_s = act_s = 0.0
+        if carry is not None:  # the state the learner replays this batch from
+            for name, rows in zip(STATE_KEYS, carry.state):
+                batch[name][:] = rows
+        for t in range(S):
+            start = time.perf_counter()
+            core = None if carry is None else carry.inputs()
+            act = policy_step(model, self.obs, self.sampler, core=core)
+            actions = act.actions.numpy()
+            started_env = time.perf_counter()
+            step = self.venv.step(actions if self.bounds is None else np.clip(actions, *self.bounds))
+            stepped = time.perf_counter()
+            rewards, discounts = step_targets(model, step.reward, step.terminated, step.truncated, step.final_obs,
+                                              self.cfg.algo.gamma,
+                                              core=None if carry is None else carry.after(act, step.reward))
+            for name, value in (("obs", self.obs), ("actions", actions), ("behaviour_logp", act.logp),
+                                ("rewards", rewards), ("discounts", discounts), ("policy_version", version),
+                                ("episode_return", step.episode_return)):
+                batch[name][t] = value
+            if carry is not None:
+                _write_core(batch, t, core)
+                carry.advance(act, step.reward, step.terminated | step.truncated)
+            self.obs = torch.as_tensor(step.obs)
+            env_s += stepped - started_env
+            act_s += time.perf_counter() - stepped + started_env - start
+            if not written(t + 1):
+                return None
+        batch["obs"][S] = self.obs
+        if carry is not None:
+            _write_core(batch, S, carry.inputs())
+        return env_s, act_s
+
+    def close(self) -> None:
+        self.venv.close()
 
 
 def _write_core(batch: dict[str, np.ndarray], t: int, core: Any) -> None:

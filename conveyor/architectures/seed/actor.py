@@ -108,9 +108,9 @@ def main(args: argparse.Namespace) -> int:
         actor.close()
 
 
-def actor_name(pid: int) -> str:
-    """The name an actor process gives the learner in its Hello (``host:pid``)."""
-    return f"{socket.gethostname()}:{pid}"
+def actor_name(pid: int, hostname: str = "") -> str:
+    """The name an actor process gives the learner in its Hello (``host:pid``; ``hostname``: this host's)."""
+    return f"{hostname or socket.gethostname()}:{pid}"
 
 
 def _exit_on_signal(signum: int, frame: Any) -> None:

@@ -58,6 +58,8 @@ import torch
 from conveyor import algos
 from conveyor.acting import policy_step, values_of
 from conveyor.architectures.seed.actor import LocalActors
+from conveyor.architectures.seed.ray_actors import RayActors
+from conveyor.ray_launcher import RayLauncher, check_available
 from conveyor.config import ConfigError, RunCfg
 from conveyor.envs import env_spaces
 from conveyor.learner import Learner
@@ -98,6 +100,11 @@ class ActorCriticPolicy(LearnerPolicy):
 
 
 def check_config(cfg: RunCfg) -> None:
+    if cfg.arch.launcher == "ray":
+        check_available()
+        if not cfg.arch.local_actors:
+            raise ConfigError("--launcher ray starts the run's actors as Ray actors: pass --local-actors N > 0 "
+                              "(actors you start yourself need no launcher)")
     if cfg.arch.listen.startswith("unix:") and len(unix_socket_path(cfg.arch.listen)) > 100:
         raise ConfigError(f"unix socket path {unix_socket_path(cfg.arch.listen)!r} is too long (unix sockets "
                           "allow about 100 characters): pick a shorter --listen unix:PATH")
@@ -128,6 +135,10 @@ def run(cfg: RunCfg) -> dict[str, Any]:
             policy = ActorCriticPolicy(learner, params_lock, cfg.seed)
             unrolls = run.closing(UnrollQueue(arch.unroll, unroll_schema(policy, obs_spec).fields, 2 * arch.batch_size))
             unroll, overlap, sink = arch.unroll, 0, unrolls.put
+        # Ray before the gRPC server: a local Ray forks its servers, which gRPC's threads make noisy.
+        launcher = run.closing(RayLauncher(arch.ray_address, arch.ray_strategy, count=arch.local_actors,
+                                           role="seed actor", out=run.out)) \
+            if arch.launcher == "ray" else None
         stats = InferenceStats()
         inference = CentralInference(policy, obs_spec, unroll, cfg.algo.gamma, sink, overlap=overlap, stats=stats,
                                      on_steps=run.telemetry.add_steps, on_episodes=run.telemetry.add_episodes,
@@ -148,7 +159,11 @@ def run(cfg: RunCfg) -> dict[str, Any]:
               f"`conveyor actor --learner {address} --num-envs N` and the token", file=sys.stderr)
         actors = None
         restarted: list[str] = []  # dead local actors whose dropped steps are not counted yet
-        if arch.local_actors:
+        if launcher is not None:
+            actors = RayActors(launcher, address, token, num_envs=cfg.env.num_envs, num_workers=cfg.env.num_workers,
+                               tls_ca=arch.tls_cert, max_message_bytes=arch.max_message_bytes,
+                               max_restarts=cfg.env.max_restarts)
+        elif arch.local_actors:
             actors = run.closing(LocalActors(arch.local_actors, address, token, num_envs=cfg.env.num_envs,
                                              num_workers=cfg.env.num_workers, log_dir=run.out / "actors",
                                              tls_ca=arch.tls_cert, max_message_bytes=arch.max_message_bytes,
