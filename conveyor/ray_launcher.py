@@ -33,6 +33,7 @@ gRPC server with its token (and TLS where asked).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -40,9 +41,10 @@ import secrets
 import socket
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from conveyor.config import ConfigError
+from conveyor.errors import WorkerFailure
 from conveyor.files import write_text_atomic
 
 INSTALL_HINT = "pip install 'conveyor[ray]' (make venv installs it)"
@@ -81,7 +83,8 @@ class RayLauncher:
         self.address, self.strategy, self.role, self.path = address, strategy, role, Path(out) / "launcher.json"
         self.count = count
         # A local Ray offers at least the CPUs asked for: like child processes, its actors may share cores.
-        self.ray = _connect(address, num_cpus=max(os.cpu_count() or 1, count * CPUS_PER_ACTOR))
+        self.ray = _connect(address, num_cpus=max(os.cpu_count() or 1, count * CPUS_PER_ACTOR),
+                            log=Path(out) / "ray-init.log")
         ray = self.ray
         from ray.util.placement_group import placement_group
 
@@ -125,8 +128,12 @@ class RayLauncher:
         handle = remote_class.options(num_cpus=CPUS_PER_ACTOR, max_restarts=0, scheduling_strategy=strategy
                                          ).remote(*args)
         self.actors[index] = handle
-        self.rows[index] = {"role": self.role, "index": index, "life": self.lives[index],
-                            **ray.get(handle.where.remote())}
+        try:
+            found = ray.get(handle.where.remote())
+        except ray.exceptions.RayError as error:  # its constructor raised, or conveyor does not import there
+            said = (str(error).strip().splitlines() or [type(error).__name__])[-1]
+            raise WorkerFailure(f"{self.role} {index} could not start on the Ray cluster: {said}") from None
+        self.rows[index] = {"role": self.role, "index": index, "life": self.lives[index], **found}
         self._write()
         return handle
 
@@ -161,9 +168,9 @@ class RayLauncher:
         ray.shutdown()
 
 
-def _connect(address: str, num_cpus: int) -> Any:
+def _connect(address: str, num_cpus: int, log: Path) -> Any:
     """``ray.init`` for ``--ray-address`` (a ``local`` Ray with ``num_cpus`` CPUs); a ConfigError naming the fix
-    when it fails."""
+    when it fails. What Ray's native code prints meanwhile goes to ``log``, not around our one line."""
     if address == "local":
         # A private one-node Ray for this run: bound to loopback like conveyor's own servers (read when Ray is
         # imported), behind a token of its own (Ray's processes inherit it) rather than one written to ~/.ray.
@@ -192,10 +199,26 @@ def _connect(address: str, num_cpus: int) -> Any:
         kwargs["address"] = address
     try:
         # In this thread: the servers a local Ray starts die with the thread that started them (PR_SET_PDEATHSIG).
-        ray.init(**kwargs)
+        with _stderr_to(log):
+            ray.init(**kwargs)
     except Exception as error:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError, its own types
-        raise ConfigError(_connect_error(address, error)) from None
+        raise ConfigError(f"{_connect_error(address, error)} (Ray's log: {log})") from None
     return ray
+
+
+@contextlib.contextmanager
+def _stderr_to(path: Path) -> Iterator[None]:
+    """File descriptor 2 (native code's stderr too) appended to ``path`` for the block."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(path, "ab") as log:
+            os.dup2(log.fileno(), 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def _connect_error(address: str, error: Exception) -> str:

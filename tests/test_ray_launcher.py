@@ -96,6 +96,22 @@ def test_without_ray_installed_the_launcher_names_the_install(tmp_path):
     assert "pip install 'conveyor[ray]'" in line
 
 
+def test_actors_dial_a_learner_they_can_reach():
+    """A wildcard listen address is dialed at the learner's node address; a loopback or unix one only works
+    when every actor is on the learner's node, and is refused otherwise with the fix."""
+    from conveyor.architectures.seed.ray_actors import _dial_address
+    from conveyor.config import ConfigError
+
+    assert _dial_address("0.0.0.0:5000", "10.0.0.1", ["10.0.0.2"]) == "10.0.0.1:5000"
+    assert _dial_address("[::]:5000", "10.0.0.1", ["10.0.0.1"]) == "10.0.0.1:5000"
+    assert _dial_address("localhost:5000", "10.0.0.1", ["10.0.0.1", "10.0.0.1"]) == "localhost:5000"
+    assert _dial_address("10.0.0.1:5000", "10.0.0.1", ["10.0.0.2"]) == "10.0.0.1:5000"
+    for address in ("localhost:5000", "127.0.0.1:5000", "unix:/tmp/learner.sock"):
+        with pytest.raises(ConfigError, match="--listen 0.0.0.0:PORT") as refused:
+            _dial_address(address, "10.0.0.1", ["10.0.0.1", "10.0.0.2"])
+        assert "10.0.0.2" in str(refused.value)
+
+
 @needs_ray
 def test_an_unreachable_cluster_fails_fast_with_one_line(tmp_path):
     started = time.monotonic()

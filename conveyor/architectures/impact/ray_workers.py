@@ -38,6 +38,7 @@ from conveyor.config import RunCfg
 from conveyor.errors import WorkerDied, WorkerFailure
 from conveyor.procs import RestartBudget
 from conveyor.ray_launcher import RayLauncher, where
+from conveyor.storage.schema import fill_marker
 from conveyor.storage.shm import SharedArrays
 
 
@@ -63,6 +64,8 @@ class ImpactRayWorker:
             self.collector.model.load_state_dict({name: torch.tensor(value) for name, value in state.items()})
             self.version = version
         batch = {name: np.empty(shape, dtype) for name, (shape, dtype) in specs.items()}
+        for array in batch.values():
+            fill_marker(array)  # a field the collector failed to write shows at once
         seconds = self.collector.fill(batch, self.version)
         return {"batch": batch, "seconds": seconds, "env_errors": self.collector.env_errors}
 
