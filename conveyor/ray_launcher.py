@@ -10,8 +10,9 @@ object store, taking weights from it (``impact.ray_workers``).
 one-node Ray inside this run, bound to the loopback interface; ``auto`` joins
 the cluster a ``ray start`` made on this host; ``HOST:PORT`` joins the head
 at that address (its GCS port). A cluster that does not answer, or refuses
-our token (Ray's own token authentication), fails with one line (an
-unreachable ``HOST:PORT`` within 5 s). It then reserves one
+our token (Ray's own token authentication), fails with one line: a
+``HOST:PORT`` where nothing answers within 5 s, one that answers but is no
+Ray head after Ray's own retries (about 20 s). It then reserves one
 placement-group bundle per actor (``--ray-strategy`` pack, spread or
 strict_spread: Ray's strategies), so a run either gets all its CPUs or fails
 within ``PLACEMENT_TIMEOUT_S`` with one line saying what the cluster has; it
