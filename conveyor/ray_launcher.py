@@ -15,7 +15,8 @@ our token (Ray's own token authentication), fails with one line: a
 Ray head after Ray's own retries (about 20 s). It then reserves one
 placement-group bundle per actor (``--ray-strategy`` pack, spread or
 strict_spread: Ray's strategies), so a run either gets all its CPUs or fails
-within ``PLACEMENT_TIMEOUT_S`` with one line saying what the cluster has; it
+with one line saying what the cluster has: at once when its nodes could never
+hold them, else after ``PLACEMENT_TIMEOUT_S`` (CPUs taken by other jobs); it
 never waits silently for resources.
 
 ``RayLauncher.start(index, ...)`` creates actor ``index`` in bundle
@@ -95,6 +96,10 @@ class RayLauncher:
         self.lives: dict[int, int] = {}
         self.remote_classes: dict[type, Any] = {}
         try:
+            if not _could_place(ray, count, strategy):  # would wait for nodes that are not there: say so now
+                raise ConfigError(f"the Ray cluster at {address} cannot place {count} {role}s of {CPUS_PER_ACTOR} CPU "
+                                  f"each with --ray-strategy {strategy} ({_resources(ray)}): ask for fewer, pick "
+                                  "another --ray-strategy, or add nodes")
             self.placement = placement_group([{"CPU": CPUS_PER_ACTOR}] * count, strategy=strategy.upper())
             ready, _ = ray.wait([self.placement.ready()], timeout=PLACEMENT_TIMEOUT_S)
             if not ready:
@@ -231,6 +236,15 @@ def _connect_error(address: str, error: Exception) -> str:
     if address == "auto":
         return f"no Ray cluster runs on this host ({first}): start one with `ray start --head`, or pass --ray-address local"
     return f"cannot join the Ray cluster at {address} ({first})"
+
+
+def _could_place(ray: Any, count: int, strategy: str) -> bool:
+    """Whether the cluster's nodes, all free, could hold ``count`` actors of ``CPUS_PER_ACTOR`` CPUs placed with
+    ``strategy`` (``strict_spread``: each on a node of its own)."""
+    slots = [int(node["Resources"].get("CPU", 0) // CPUS_PER_ACTOR) for node in ray.nodes() if node.get("Alive")]
+    if strategy == "strict_spread":
+        return sum(1 for slot in slots if slot > 0) >= count
+    return sum(slots) >= count
 
 
 def _resources(ray: Any) -> str:
