@@ -17,7 +17,7 @@ each one started from.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, Iterator, NamedTuple
 
 import numpy as np
 import torch
@@ -88,6 +88,40 @@ def policy_step(model: nn.Module, obs: Tensor, generator: torch.Generator | None
         actions = out.policy.sample(whole, uniform, generator)[first:first + len(params)]
     state = () if core is None else tuple(s[0].detach() for s in out.state)
     return Action(actions, out.policy.log_prob(params, actions), value, out if keep_graph else None, state)
+
+
+class SharedDraw:
+    """One draw per step for a batch acted on in ``parts`` (PAAC's env groups, each with ``policy_step(rows=...)``
+    over the whole batch): ``generator(part)`` is the sampler as it stood when part 0 of the step took it, so every
+    part samples its rows of one whole-batch draw, and the sampler ends the step one draw on. Each env's action is
+    then the one a single forward over the whole batch would sample."""
+
+    def __init__(self, generator: torch.Generator, parts: int) -> None:
+        self._generator, self._parts = generator, parts
+        self._state: Tensor | None = None
+
+    def generator(self, part: int) -> torch.Generator:
+        if self._parts > 1:
+            if part == 0:
+                self._state = self._generator.get_state()
+            else:
+                self._generator.set_state(self._state)
+        return self._generator
+
+
+def pipelined_steps(groups: int, steps: int) -> Iterator[tuple[str, int, int]]:
+    """The order in which ``groups`` env groups take ``steps`` steps, overlapping one group's env step with the
+    others' forwards (Sample Factory's double-buffered sampling): ``("act", t, g)``, run the policy on group
+    ``g``'s observations of step ``t`` and send its actions; ``("wait", t, g)``, take group ``g``'s step ``t``.
+    A group waits for its step ``t`` just before it acts on step ``t + 1``, so while it waits and acts the next
+    group's envs step; every step ends before the last event. One group: act, wait, act, wait, ..."""
+    for t in range(steps):
+        for g in range(groups):
+            if t:
+                yield "wait", t - 1, g
+            yield "act", t, g
+    for g in range(groups):
+        yield "wait", steps - 1, g
 
 
 @torch.no_grad()

@@ -321,6 +321,11 @@ class ArchCfg:
     """Architecture: ``paac``, ``ga3c``, ``seed``, ``impact``, ``hts``."""
     unroll: int | None = None
     """t_max: steps per env in one rollout/unroll (SEED: unroll length; IMPACT uses worker_batch)."""
+    # paac
+    env_groups: int | None = None
+    """PAAC: groups the env workers are cut into, stepped in turn so that one group's envs step while the policy
+    runs on the next group's observations (Sample Factory's double-buffered sampling); 1 steps all at once. The
+    actions of a seeded run do not change (docs/design.md "PAAC env groups"). Must divide num_workers."""
     # hts
     num_actors: int = 1
     """HTS: actor threads that batch whatever observations are waiting."""
@@ -429,6 +434,7 @@ class ArchCfg:
                   "inference_batch", "inference_timeout_ms", "max_message_bytes", "max_actor_envs",
                   "actor_idle_timeout_s", "batch_size", "seq_len", "replay_bytes", "replay_capacity", "min_replay",
                   "worker_batch", "buffer_batches", "replay_times", "broadcast_interval", "target_update")
+        _positive(self, "env_groups")
         _non_negative(self, "burn_in", "local_actors", "replay_ratio")
         if self.burn_in is not None and self.seq_len is not None and self.burn_in >= self.seq_len:
             raise ConfigError(f"burn_in ({self.burn_in}) must be smaller than seq_len ({self.seq_len})")
@@ -511,6 +517,13 @@ class RunCfg:
             )
         if not (self.device == "cpu" or self.device.startswith("cuda") or self.device == "mps"):
             raise ConfigError(f"unknown device {self.device!r}: use cpu, cuda or cuda:N")
+        if self.arch.name == "paac" and self.arch.env_groups > 1:  # other architectures ignore it
+            if self.env.backend != "shm":
+                raise ConfigError(f"--env-groups {self.arch.env_groups} steps groups of the shm backend's worker "
+                                  "processes: pass --env-groups 1 or --env-backend shm")
+            if self.env.num_workers % self.arch.env_groups:
+                raise ConfigError(f"--env-groups {self.arch.env_groups} must divide --num-workers "
+                                  f"{self.env.num_workers} (each group steps whole workers): pass a divisor of it")
 
     @property
     def preset_sources(self) -> dict[str, str]:

@@ -112,6 +112,8 @@ BASE: dict[str, Any] = {
     "algo.exploration_eps": 0.4,  # source: SEED table 8: i-th actor of N uses 0.4 ** (1 + 7 i / (N - 1))
     "algo.normalize_advantages": True,  # source: CleanRL ppo.py norm_adv; SB3 PPO normalize_advantage
     "arch.unroll": 5,  # source: PAAC section 5.1 and GA3C section 3: t_max = 5
+    "arch.env_groups": 1,  # source: tuned here: BENCHMARKS.md "PAAC env groups": 2 groups were no faster on the
+    # 2-core CPU on any env measured (Pong 0.74x, StepTime 0.99x, CartPole 0.80x the SPS), so no family turns them on
     "arch.sync_interval": 5,  # source: HTS-RL table A4: A2C unroll 5 (one update per swap of alpha steps)
     "arch.num_agents": 16,  # source: GA3C section 5.1: N_A in {16, 32, 64, 128}, 16 the smallest (A3C's 16 agents)
     "arch.min_train_batch": 20,  # source: GA3C figure 7: best with a minimum training batch of 20-40

@@ -30,6 +30,17 @@ true (the run was asked to stop), workers that have not answered within
 envs do. With ``env_state`` (``EnvHistory.state()`` of an earlier run), the
 first ``reset`` replays every env to where that run stopped.
 
+Worker groups (``split``): ``venv.split(n)`` cuts the workers into ``n``
+runs of consecutive workers, each an ``EnvGroup`` with its own
+``step_async``/``step_wait`` over its rows (``EnvGroup.envs``), so that one
+group steps while the caller works on another's observations (PAAC's
+``--env-groups``). A group waits for, restarts and times out its own workers
+only; the others' replies stay in their pipes. ``history`` still records one
+row per step of every env: a group's part of step k waits (copied) until every
+group has finished step k, so no group may start a step more than one ahead
+of the slowest group's last finished one. ``step_async``/``step_wait`` of the
+vector env itself step all its workers as one group.
+
 Step semantics (both backends): see ``StepResult``.
 """
 
@@ -97,6 +108,65 @@ def make_vector_env(cfg: EnvCfg, seed: int, *, gamma: float | None = None, copy:
                         stop=stop, env_offset=env_offset)
 
 
+class EnvGroup:
+    """The envs ``envs`` (rows of the vector env) of the workers ``workers`` of a ``ShmVectorEnv``, stepped on their
+    own (``ShmVectorEnv.split``; see the module docstring). ``step_async`` takes actions ``[num_envs, ...]`` for
+    these envs only and ``step_wait`` returns their rows of the ``StepResult``."""
+
+    def __init__(self, venv: ShmVectorEnv, workers: range) -> None:
+        self._venv = venv
+        self.workers = workers
+        per_worker = venv.cfg.envs_per_worker
+        self.envs = slice(workers.start * per_worker, workers.stop * per_worker)
+        self.num_envs = len(workers) * per_worker
+
+    def step_async(self, actions: Any) -> None:
+        self._venv._step_async(self, actions)
+
+    def step_wait(self) -> StepResult:
+        return self._venv._step_wait(self)
+
+    def step(self, actions: Any) -> StepResult:
+        self.step_async(actions)
+        return self.step_wait()
+
+
+class _WholeEnv:
+    """Every env of a vector env of any backend as its one group (``split_envs``)."""
+
+    def __init__(self, venv: VectorEnv) -> None:
+        self.venv = venv
+        self.num_envs = venv.num_envs
+        self.envs = slice(0, venv.num_envs)
+
+    def step_async(self, actions: Any) -> None:
+        self.venv.step_async(actions)
+
+    def step_wait(self) -> StepResult:
+        return self.venv.step_wait()
+
+
+def split_envs(venv: VectorEnv, groups: int) -> list[EnvGroup | _WholeEnv]:
+    """``venv``'s envs in ``groups`` groups of consecutive rows (``.envs``), each with its own
+    ``step_async``/``step_wait`` (``ShmVectorEnv.split``); one group is the vector env itself, of any backend."""
+    if groups == 1:
+        return [_WholeEnv(venv)]
+    if not isinstance(venv, ShmVectorEnv):
+        raise ConfigError(f"--env-groups {groups} steps groups of the shm backend's worker processes: pass "
+                          "--env-groups 1 or --env-backend shm")
+    return venv.split(groups)  # type: ignore[return-value]
+
+
+class _Row(NamedTuple):
+    """One step of every env for ``EnvHistory.record``, filled group by group (``ShmVectorEnv._record``)."""
+
+    actions: np.ndarray
+    done: np.ndarray
+    new_game: np.ndarray
+    restarted: np.ndarray
+    filled: np.ndarray  # [B] bool: rows written so far
+
+
 class _Worker(NamedTuple):
     index: int
     process: subprocess.Popen
@@ -161,14 +231,20 @@ class ShmVectorEnv:
         self._replaying = env_state is not None
         self._workers: list[_Worker] = []
         self._finalizer = weakref.finalize(self, _shutdown, self._workers, shared)
-        self._poller = select.poll()
-        self._worker_by_fd: dict[int, _Worker] = {}
-        self._stepping = False
+        self._sent = [0] * cfg.num_workers
+        """Steps each worker was sent since the start (ahead of ``_done`` by one while it steps)."""
+        self._done = [0] * cfg.num_workers
+        """Steps each worker finished."""
+        self._pollers: dict[range, tuple[Any, dict[int, _Worker]]] = {}
+        """Per run of workers waited for, a poll object on their reply pipes (dropped at every restart)."""
+        self._rows: dict[int, _Row] = {}
+        """Steps some group finished and another has not, by index: their part of the history row so far."""
+        self._all = EnvGroup(self, range(cfg.num_workers))
         self._broken = ""
         try:
             for index in range(cfg.num_workers):
                 self._start_worker(index)
-            self._collect("starting")
+            self._collect("starting", self._all.workers)
         except BaseException:
             self.close()
             raise
@@ -190,14 +266,24 @@ class ShmVectorEnv:
         """Env exceptions so far (each one reset its env and truncated its episode)."""
         return int(self._env_errors.sum())
 
+    def split(self, groups: int) -> list[EnvGroup]:
+        """The workers cut into ``groups`` runs of consecutive workers that step on their own (see the module
+        docstring); ``groups`` must divide ``num_workers``."""
+        if groups <= 0 or self.num_workers % groups:
+            raise ValueError(f"{self.num_workers} env workers do not split into {groups} groups")
+        size = self.num_workers // groups
+        return [EnvGroup(self, range(first, first + size)) for first in range(0, self.num_workers, size)]
+
     def reset(self) -> np.ndarray:
         """Reset every env; return the first observations ``[B, *obs_shape]``."""
         self._check_usable()
-        if self._stepping:
+        if self._sent != self._done:
             raise RuntimeError("reset() called between step_async() and step_wait(): call step_wait() first")
+        if self._rows:
+            raise RuntimeError("reset() called with groups at different steps: step the others up to them first")
         self._restarted[:] = False
-        self._send(CMD_RESET, "resetting")
-        self._collect("resetting")
+        self._send(CMD_RESET, "resetting", self._all.workers)
+        self._collect("resetting", self._all.workers)
         if self._replaying:  # the workers rebuilt the recorded games: the history already holds them
             self._replaying = False
         else:
@@ -206,28 +292,11 @@ class ShmVectorEnv:
 
     def step_async(self, actions: Any) -> None:
         """Hand ``actions`` ``[B, *action_shape]`` to the workers and return at once."""
-        self._check_usable()
-        if self._stepping:
-            raise RuntimeError("step_async() called twice: call step_wait() before the next step_async()")
-        if np.shape(actions) != self._actions.shape:
-            raise ValueError(f"actions have shape {np.shape(actions)}, expected {self._actions.shape}")
-        self._actions[...] = actions
-        self._send(CMD_STEP, "stepping")
-        self._stepping = True
+        self._step_async(self._all, actions)
 
     def step_wait(self) -> StepResult:
         """Wait for the step started by ``step_async`` and return its ``StepResult``."""
-        if not self._stepping:
-            raise RuntimeError("step_wait() called without step_async()")
-        self._stepping = False
-        self._restarted[:] = False
-        self._collect("stepping")
-        self.history.record(self._actions, self._views.terminated | self._views.truncated, self._new_game)
-        if self._restarted.any():
-            self.history.start_games(self._restarted)
-        if self.copy:
-            return StepResult(*(array.copy() for array in self._views))
-        return self._views
+        return self._step_wait(self._all)
 
     def step(self, actions: Any) -> StepResult:
         self.step_async(actions)
@@ -243,6 +312,66 @@ class ShmVectorEnv:
 
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
+
+    # -- stepping (the whole vector env or one group) ------------------------
+
+    def _step_async(self, group: EnvGroup, actions: Any) -> None:
+        self._check_usable()
+        workers = group.workers
+        first, stop = workers.start, workers.stop
+        sent = self._sent[first:stop]
+        if sent != self._done[first:stop]:
+            raise RuntimeError("step_async() called twice: call step_wait() before the next step_async()")
+        if min(sent) != max(sent):
+            raise RuntimeError("step_async() of workers at different steps: step the other groups up to them first")
+        if sent[0] > min(self._done) + 1:
+            raise RuntimeError("step_async() of a group two steps ahead of another: step_wait() the others first")
+        expected = (group.num_envs, *self._actions.shape[1:])
+        if np.shape(actions) != expected:
+            raise ValueError(f"actions have shape {np.shape(actions)}, expected {expected}")
+        self._actions[group.envs] = actions
+        self._send(CMD_STEP, "stepping", workers)
+        self._sent[first:stop] = [sent[0] + 1] * len(workers)
+
+    def _step_wait(self, group: EnvGroup) -> StepResult:
+        workers, rows = group.workers, group.envs
+        first, stop = workers.start, workers.stop
+        done = self._done[first:stop]
+        if any(sent <= finished for sent, finished in zip(self._sent[first:stop], done)):
+            raise RuntimeError("step_wait() called without step_async()")
+        self._done[first:stop] = [done[0] + 1] * len(workers)
+        self._restarted[rows] = False
+        self._collect("stepping", workers)
+        if group is self._all:  # the whole row at once
+            self.history.record(self._actions, self._views.terminated | self._views.truncated, self._new_game)
+            if self._restarted.any():
+                self.history.start_games(self._restarted)
+        else:
+            self._record(done[0], rows)
+        views = self._views if group is self._all else StepResult(*(view[rows] for view in self._views))
+        if self.copy:
+            return StepResult(*(array.copy() for array in views))
+        return views
+
+    def _record(self, step: int, rows: slice) -> None:
+        """Hand ``history`` a group's rows ``rows`` of step ``step``, just finished: kept until every group's are in,
+        then the whole row."""
+        if step not in self._rows:
+            self._rows[step] = _Row(np.empty_like(self._actions), np.zeros(self.num_envs, bool),
+                                    np.zeros(self.num_envs, bool), np.zeros(self.num_envs, bool),
+                                    np.zeros(self.num_envs, bool))
+        row = self._rows[step]
+        row.actions[rows] = self._actions[rows]
+        row.done[rows] = self._views.terminated[rows] | self._views.truncated[rows]
+        row.new_game[rows] = self._new_game[rows]
+        row.restarted[rows] = self._restarted[rows]
+        row.filled[rows] = True
+        if not row.filled.all():
+            return
+        del self._rows[step]  # steps finish in order: every earlier row went before
+        self.history.record(row.actions, row.done, row.new_game)
+        if row.restarted.any():
+            self.history.start_games(row.restarted)
 
     # -- workers -----------------------------------------------------------
 
@@ -264,8 +393,6 @@ class ShmVectorEnv:
             self._workers[index] = worker
         else:
             self._workers.append(worker)
-        self._worker_by_fd[reply_read] = worker
-        self._poller.register(reply_read, select.POLLIN)
         return worker
 
     def _restart(self, worker: _Worker, action: str, failure: Exception | None = None) -> None:
@@ -279,8 +406,7 @@ class ShmVectorEnv:
         except WorkerFailure as spent:
             raise self._fail(spent) from None
         self._broken = ""
-        self._poller.unregister(worker.reply_fd)
-        del self._worker_by_fd[worker.reply_fd]
+        self._pollers.clear()
         for fd in (worker.command_fd, worker.reply_fd):
             os.close(fd)
         replacement = self._start_worker(worker.index)
@@ -355,8 +481,8 @@ class ShmVectorEnv:
         self._sent_at[worker.index] = time.monotonic()
         os.write(worker.command_fd, command)
 
-    def _send(self, command: bytes, action: str) -> None:
-        for worker in self._workers:
+    def _send(self, command: bytes, action: str, workers: range) -> None:
+        for worker in [self._workers[index] for index in workers]:
             try:
                 self._command(worker, command)
             except BrokenPipeError:
@@ -364,26 +490,39 @@ class ShmVectorEnv:
                     raise self._died(worker, action) from None
                 # Restarted by _wait, which finds its reply pipe at end of file.
 
-    def _collect(self, action: str) -> None:
+    def _collect(self, action: str, workers: range) -> None:
         try:
-            self._wait(action)
+            self._wait(action, workers)
         except BaseException:
             # Replies may still be in flight (e.g. after Ctrl-C): the pipes are out of step for good.
             self._broken = self._broken or f"interrupted while {action}"
             raise
 
-    def _wait(self, action: str) -> None:
-        """Collect one reply from every worker; restart dead and hung ones (or raise); raise on errors and,
-        past the grace period, once ``stop()`` holds."""
-        waiting = {worker.index for worker in self._workers}
+    def _wait(self, action: str, workers: range) -> None:
+        """Collect one reply from each of ``workers``; restart dead and hung ones (or raise); raise on errors and,
+        past the grace period, once ``stop()`` holds. Other workers' replies stay in their pipes."""
+        waiting = set(workers)
+        if workers not in self._pollers:  # these workers' pipes only (a restart drops every poller)
+            poller = select.poll()
+            for index in workers:
+                poller.register(self._workers[index].reply_fd, select.POLLIN)
+            self._pollers[workers] = poller, {self._workers[index].reply_fd: self._workers[index] for index in workers}
+        poller, cached = self._pollers[workers]
+        worker_by_fd = dict(cached)
+
+        def restart(worker: _Worker, failure: Exception | None = None) -> None:
+            poller.unregister(worker.reply_fd)  # before its pipe closes (its number may come back)
+            del worker_by_fd[worker.reply_fd]
+            self._restart(worker, action, failure)
+            waiting.discard(worker.index)
+
         problems: list[tuple[_Worker, bytes]] = []
         while waiting:
-            events = self._poller.poll(self._poll_ms)
+            events = poller.poll(self._poll_ms)
             if not events:
-                for worker in list(self._workers):
-                    if worker.process.poll() is not None:
-                        self._restart(worker, action)
-                        waiting.discard(worker.index)
+                for worker in [self._workers[index] for index in workers]:
+                    if worker.process.poll() is not None and worker.reply_fd in worker_by_fd:
+                        restart(worker)
                 stopping = self._stopping_since() if waiting else 0.0
                 if stopping and time.monotonic() - stopping > CLOSE_GRACE_S:
                     raise self._abandon([self._workers[index] for index in sorted(waiting)], action)
@@ -393,17 +532,15 @@ class ShmVectorEnv:
                         failure = self._hung(worker, action)
                         if stopping:  # a replacement would only be stopped again
                             raise failure
-                        self._restart(worker, action, failure)
-                        waiting.discard(index)
+                        restart(worker, failure)
                 continue
             for fd, _ in events:
-                worker = self._worker_by_fd.get(fd)
+                worker = worker_by_fd.get(fd)
                 if worker is None:
                     continue  # a worker replaced earlier in this loop
                 reply = os.read(fd, 1)
                 if not reply:
-                    self._restart(worker, action)  # its rows may be half-written, even if it had replied
-                    waiting.discard(worker.index)
+                    restart(worker)  # its rows may be half-written, even if it had replied
                     continue
                 waiting.discard(worker.index)
                 if reply != REPLY_OK:

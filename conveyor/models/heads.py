@@ -151,6 +151,16 @@ class ModelOut:
         return ModelOut(self.policy, self.params[start:stop], self.value[start:stop], self.state, q)
 
     @staticmethod
+    def cat_envs(outs: list["ModelOut"]) -> "ModelOut":
+        """Outputs of forwards on consecutive env columns of one step joined along the env axis (feed-forward:
+        no state); one output is returned as it is."""
+        if len(outs) == 1:
+            return outs[0]
+        q = None if outs[0].q is None else torch.cat([o.q for o in outs], 1)  # type: ignore[misc]
+        return ModelOut(outs[0].policy, torch.cat([o.params for o in outs], 1), torch.cat([o.value for o in outs], 1),
+                        None, q)
+
+    @staticmethod
     def cat_time(outs: list["ModelOut"]) -> "ModelOut":
         """Outputs of consecutive forwards joined along time (the last one's state is kept)."""
         q = None if outs[0].q is None else torch.cat([o.q for o in outs])  # type: ignore[misc]

@@ -44,18 +44,19 @@ class RolloutStorage:
             raise AttributeError(f"RolloutStorage has no field {name!r}") from None
 
     def insert(self, t: int, obs: Tensor, actions: Tensor, logp: Tensor, value: Tensor, rewards: Tensor,
-               discounts: Tensor, version: int | Tensor) -> None:
-        self.obs[t].copy_(obs)
-        self.actions[t].copy_(actions)
-        self.behaviour_logp[t].copy_(logp)
-        self.behaviour_value[t].copy_(value)
-        self.rewards[t].copy_(rewards)
-        self.discounts[t].copy_(discounts)
-        self.valid[t] = True
+               discounts: Tensor, version: int | Tensor, envs: slice = slice(None)) -> None:
+        """Step ``t`` of the env columns ``envs`` (all by default; PAAC's env groups write theirs in turn)."""
+        self.obs[t, envs].copy_(obs)
+        self.actions[t, envs].copy_(actions)
+        self.behaviour_logp[t, envs].copy_(logp)
+        self.behaviour_value[t, envs].copy_(value)
+        self.rewards[t, envs].copy_(rewards)
+        self.discounts[t, envs].copy_(discounts)
+        self.valid[t, envs] = True
         if isinstance(version, Tensor):
-            self.policy_version[t].copy_(version)
+            self.policy_version[t, envs].copy_(version)
         else:
-            self.policy_version[t].fill_(version)
+            self.policy_version[t, envs].fill_(version)
 
     def unwrite(self, envs: Tensor) -> None:
         """Put the marker values back into every step of env columns ``envs`` (their data is void)."""
