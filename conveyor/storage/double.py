@@ -10,6 +10,10 @@ then checks that every transition was written exactly once, hands the
 full storage out for learning and makes a fresh, marker-filled one the
 filling storage (the one the learner finished with is dropped). Writers
 touch disjoint ``(t, env)`` cells, so only the write counts take a lock.
+The storages live in host memory and writes go through numpy views of
+their tensors (a handful of rows per call: a numpy fancy assignment costs
+a microsecond, a torch ``index_put_`` several); the learner moves the full
+storage to its device in one copy at the swap.
 ``forget`` voids some envs' cells of the filling storage (their executor
 died mid-round and its successor writes them again).
 """
@@ -17,13 +21,16 @@ died mid-round and its successor writes them again).
 from __future__ import annotations
 
 import threading
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Union
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from conveyor.storage.rollout import RolloutStorage
+
+ArrayLike = Union[np.ndarray, Tensor]
+"""Values to write: numpy arrays or CPU tensors."""
 
 
 class Round(NamedTuple):
@@ -40,12 +47,19 @@ class Round(NamedTuple):
 
 class DoubleStorage:
     def __init__(self, new_storage: Callable[[], RolloutStorage]):
-        """``new_storage()`` makes one marker-filled ``RolloutStorage`` of ``T`` steps and ``B`` envs."""
+        """``new_storage()`` makes one marker-filled ``RolloutStorage`` of ``T`` steps and ``B`` envs, on the
+        CPU."""
         self._new_storage = new_storage
-        self.filling = new_storage()
+        self._fill(new_storage())
         self.T, self.B, self.device = self.filling.T, self.filling.B, self.filling.rewards.device
         self._lock = threading.Condition()
         self._reset_counts()
+
+    def _fill(self, storage: RolloutStorage) -> None:
+        if storage.rewards.device.type != "cpu":
+            raise ValueError(f"HTS storages live in host memory, got one on {storage.rewards.device}")
+        self.filling = storage
+        self._arrays = {name: tensor.numpy() for name, tensor in storage.data.items()}
 
     def _reset_counts(self) -> None:
         self._action_writes = np.zeros((self.T, self.B), np.int64)
@@ -55,39 +69,37 @@ class DoubleStorage:
         self.episode_ends = np.zeros((self.T, self.B), bool)
         self.new_games = np.zeros((self.T, self.B), bool)
 
-    def _index(self, index: np.ndarray) -> Tensor:
-        return torch.as_tensor(index, dtype=torch.int64, device=self.device)
-
-    def write_actions(self, t: np.ndarray, env: np.ndarray, obs: Tensor, actions: Tensor, logp: Tensor,
-                      value: Tensor, version: int) -> None:
-        """Step ``t[i]`` of env ``env[i]``: what the actor saw and chose."""
-        s, ti, ei = self.filling, self._index(t), self._index(env)
-        s.obs[ti, ei] = obs.to(s.obs.dtype)
-        s.actions[ti, ei] = actions.to(s.actions.dtype)
-        s.behaviour_logp[ti, ei] = logp.float()
-        s.behaviour_value[ti, ei] = value.float()
-        s.policy_version[ti, ei] = version
+    def write_actions(self, t: np.ndarray, env: np.ndarray, obs: ArrayLike, actions: ArrayLike, logp: ArrayLike,
+                      value: ArrayLike, version: int) -> None:
+        """Step ``t[i]`` of env ``env[i]``: what the actor saw and chose (arrays or CPU tensors, cast to the
+        fields' dtypes)."""
+        a = self._arrays
+        a["obs"][t, env] = obs
+        a["actions"][t, env] = actions
+        a["behaviour_logp"][t, env] = logp
+        a["behaviour_value"][t, env] = value
+        a["policy_version"][t, env] = version
         with self._lock:
             np.add.at(self._action_writes, (t, env), 1)
 
-    def write_results(self, t: np.ndarray, env: np.ndarray, rewards: Tensor, discounts: Tensor,
+    def write_results(self, t: np.ndarray, env: np.ndarray, rewards: ArrayLike, discounts: ArrayLike,
                       episode_returns: np.ndarray, episode_ends: np.ndarray, new_games: np.ndarray) -> None:
         """The training reward and discount of step ``t[i]`` of env ``env[i]`` (truncation folded in), and
         the ``Round`` fields of that step."""
-        s, ti, ei = self.filling, self._index(t), self._index(env)
-        s.rewards[ti, ei] = rewards.float()
-        s.discounts[ti, ei] = discounts.float()
+        a = self._arrays
+        a["rewards"][t, env] = rewards
+        a["discounts"][t, env] = discounts
         with self._lock:
             self.episode_returns[t, env] = episode_returns
             self.episode_ends[t, env] = episode_ends
             self.new_games[t, env] = new_games
             np.add.at(self._result_writes, (t, env), 1)
 
-    def write_last(self, env: np.ndarray, obs: Tensor, value: Tensor) -> None:
+    def write_last(self, env: np.ndarray, obs: ArrayLike, value: ArrayLike) -> None:
         """The bootstrap observation ``obs[T]`` of ``env`` and its behaviour value: the env's round is done."""
-        s, ei = self.filling, self._index(env)
-        s.obs[self.T, ei] = obs.to(s.obs.dtype)
-        s.behaviour_value[self.T, ei] = value.float()
+        a = self._arrays
+        a["obs"][self.T, env] = obs
+        a["behaviour_value"][self.T, env] = value
         with self._lock:
             np.add.at(self._last_writes, env, 1)
             if self._last_writes.sum() >= self.B:
@@ -103,7 +115,7 @@ class DoubleStorage:
         transitions (steps with their result) were dropped. Call while no writer runs."""
         with self._lock:
             dropped = int(self._result_writes[:, envs].sum())
-            self.filling.unwrite(self._index(envs))
+            self.filling.unwrite(torch.as_tensor(envs, dtype=torch.int64))
             for counts in (self._action_writes, self._result_writes):
                 counts[:, envs] = 0
             self._last_writes[envs] = 0
@@ -124,6 +136,6 @@ class DoubleStorage:
                     raise RuntimeError(f"HTS storage swap: {name} at (step, env) {bad} written "
                                        f"{counts[tuple(bad)]} times instead of once")
             full = Round(self.filling, self.episode_returns, self.episode_ends, self.new_games)
-            self.filling = self._new_storage()
+            self._fill(self._new_storage())
             self._reset_counts()
         return full

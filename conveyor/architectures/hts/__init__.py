@@ -1,1 +1,1 @@
-"""HTS-RL (Liu et al. 2020): executors and the state buffer (``state_buffer.py``), actor threads (``actors.py``), double storage and the one-step delayed gradient (``run.py``)."""
+"""HTS-RL (Liu et al. 2020): executors and the state buffer (``state_buffer.py``), actor threads (``actors.py``), double storage and the one-step delayed gradient (``run.py``), the throughput model of eq. 7 (``throughput.py``)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from typing import Iterable, Iterator
 
 import numpy as np
@@ -32,8 +33,11 @@ POLL_S = 0.1
 
 @torch.no_grad()
 def copy_params(targets: Iterable[Tensor], sources: Iterable[Tensor]) -> None:
-    for target, source in zip(targets, sources, strict=True):
-        target.copy_(source)
+    targets, sources = list(targets), list(sources)
+    if len(targets) != len(sources):
+        raise ValueError(f"copy_params: {len(targets)} targets for {len(sources)} sources")
+    if targets:
+        torch._foreach_copy_(targets, sources)  # one call for the list: the same copies as one by one
 
 
 def acting_tensors(model: nn.Module) -> list[Tensor]:
@@ -60,7 +64,8 @@ def delayed_update(learner: Learner, behaviour: list[Tensor], batch: dict[str, T
     statistics = [b.clone() for b in buffers]
     copy_params(params + buffers, behaviour)
     metrics = learner.update_epochs(batch, epochs, minibatches, generator, steps=steps)
-    copy_params(params, [c + (p.detach() - b) for c, p, b in zip(current, params, behaviour)])
+    with torch.no_grad():  # theta_t + (the change the update made to theta_{t-1}): c + (p - b), tensor by tensor
+        copy_params(params, torch._foreach_add(current, torch._foreach_sub(params, behaviour[:len(params)])))
     copy_params(buffers, statistics)  # update_epochs folded the batch into theta_{t-1}'s statistics: redo it
     learner.observe(batch["obs"])
     learner.version = version + (learner.version > version)  # one policy version; none if every step was skipped
@@ -74,11 +79,14 @@ class Actors:
                  telemetry: Telemetry):
         self.buffer, self.storage, self.model, self.gamma, self.telemetry = buffer, storage, model, gamma, telemetry
         self.version = 0
+        self.device = next(model.parameters()).device
         self.error: BaseException | None = None
         self._stop = threading.Event()
         self._gate = threading.Condition()
         self._paused = False
         self._serving = 0
+        self._solo = num == 1
+        """One actor: it may answer before it writes the storage (``_serve``)."""
         self._threads = [threading.Thread(target=self._loop, name=f"hts-actor-{i}", daemon=True) for i in range(num)]
         for thread in self._threads:
             thread.start()
@@ -106,10 +114,11 @@ class Actors:
             thread.join(timeout=10 * POLL_S + 5.0)
 
     def _loop(self) -> None:
-        device = self.storage.device
-        # Row i is env i in every forward: the batch never changes shape, so neither do a row's floats.
-        inputs = torch.zeros(self.buffer.obs.shape, dtype=self.storage.filling.obs.dtype, device=device)
-        finals = torch.zeros_like(inputs)
+        # Row i is env i in every forward: the batch never changes shape, so neither do a row's floats. The
+        # rows are staged in host memory (numpy: a few rows change per serve) and the forward reads them whole.
+        obs_dtype = self.storage.filling.obs.numpy().dtype
+        inputs = np.zeros(self.buffer.obs.shape, obs_dtype)
+        finals = np.zeros_like(inputs)
         try:
             while not self._stop.is_set():
                 with self._gate:
@@ -119,51 +128,71 @@ class Actors:
                 try:
                     envs = self.buffer.take_ready(POLL_S)
                     if len(envs):
-                        with self.telemetry.timer("act"):
-                            self._serve(envs, inputs, finals)
+                        start = time.perf_counter()
+                        self._serve(envs, inputs, finals)
+                        self.telemetry.add_time("act", time.perf_counter() - start)
                         self.telemetry.count("actor_forwards")
                         self.telemetry.count("actor_requests", len(envs))
                 finally:
                     with self._gate:
                         self._serving -= 1
-                        self._gate.notify_all()
+                        if self._paused:
+                            self._gate.notify_all()
         except BaseException as error:  # reported by check() in the main thread
             self.error = error
 
-    @torch.no_grad()
-    def _serve(self, envs: np.ndarray, inputs: Tensor, finals: Tensor) -> None:
-        buffer, storage, device = self.buffer, self.storage, self.storage.device
-        # Read every field of the requests first: an executor rewrites its row once answered.
-        t = buffer.request_step[envs]
-        uniform = torch.as_tensor(buffer.uniform[envs], device=device)
-        reward, terminated, truncated = buffer.reward[envs], buffer.terminated[envs], buffer.truncated[envs]
-        episode_return, new_game = buffer.episode_return[envs], buffer.new_game[envs]
-        rows = torch.as_tensor(envs, device=device)
-        inputs[rows] = torch.as_tensor(buffer.obs[envs], device=device)
-        result, act, last = t > 0, t < storage.T, t == storage.T  # result: step t-1 ended
-        cut = result & truncated & ~terminated
-        final_values = None
-        if cut.any():
-            finals[rows[cut]] = torch.as_tensor(buffer.final_obs[envs[cut]], device=device)
-            final_values = values_of(self.model, finals)[rows]
-        out = self.model(inputs.unsqueeze(0))
-        params, value = out.params[0][rows], out.value[0][rows]
+    @torch.inference_mode()
+    def _serve(self, envs: np.ndarray, inputs: np.ndarray, finals: np.ndarray) -> None:
+        """Answer the requests of ``envs``: one forward over every row, the actions, the storage cells.
 
-        if result.any():
-            if final_values is not None:
-                final_values = final_values[result]
-            rewards, discounts = step_targets(self.model, reward[result], terminated[result], truncated[result], None,
-                                              self.gamma, device, final_values)
-            storage.write_results(t[result] - 1, envs[result], rewards, discounts, episode_return[result],
-                                  (terminated | truncated)[result], new_game[result])
-        if act.any():
-            actions = out.policy.sample(params[act], uniform[act])
-            storage.write_actions(t[act], envs[act], inputs[rows[act]], actions,
-                                  out.policy.log_prob(params[act], actions), value[act], self.version)
-        if last.any():  # may complete the round: no env of this batch waits for an action then
-            storage.write_last(envs[last], inputs[rows[last]], value[last])
-        if act.any():
-            buffer.send_actions(envs[act], actions.cpu().numpy())
+        Everything but the forward, the sampling and the truncation bootstrap is numpy on a few rows (a torch
+        op on a handful of numbers costs microseconds; this runs for every env step). Order: every field of the
+        requests is copied first (an executor rewrites its row once answered). A lone actor sends the actions
+        right after sampling and writes the storage while the envs step (nobody else can serve these envs'
+        next requests, so the round cannot complete meanwhile); with several, results and actions are in the
+        storage before the actions go out (an env served next by another actor may complete the round). The
+        last writes, which may complete the round, come after the rest.
+        """
+        buffer, storage, model, device = self.buffer, self.storage, self.model, self.device
+        t = buffer.request_step[envs]
+        inputs[envs] = buffer.obs[envs]
+        result, act, last = t > 0, t < storage.T, t == storage.T  # result: step t-1 ended
+        acting, ending = envs[act], envs[result]
+        if len(ending):
+            reward, episode_return = buffer.reward[ending], buffer.episode_return[ending]
+            new_game = buffer.new_game[ending]
+            terminated, truncated = buffer.terminated[ending], buffer.truncated[ending]
+            cut = truncated & ~terminated
+            if cut.any():
+                finals[ending[cut]] = buffer.final_obs[ending[cut]]
+        out = model(torch.from_numpy(inputs).to(device).unsqueeze(0))
+        value = out.value[0].cpu().numpy()
+        if len(acting):
+            uniform = torch.from_numpy(buffer.uniform[acting]).to(device)
+            params = out.params[0][torch.from_numpy(acting).to(device)]
+            actions = out.policy.sample(params, uniform)
+            logp = out.policy.log_prob(params, actions).cpu().numpy()
+            actions = actions.cpu().numpy()
+            if self._solo:
+                buffer.send_actions(acting, actions)
+        if len(ending):
+            if cut.any():  # the truncation bootstrap, V(final_obs) from a fixed-size forward
+                final_values = values_of(model, torch.from_numpy(finals).to(device))
+                final_values = final_values.cpu()[torch.from_numpy(ending)]
+                rewards, discounts = step_targets(model, reward, terminated, truncated, None, self.gamma, "cpu",
+                                                  final_values)
+                rewards, discounts = rewards.numpy(), discounts.numpy()
+            else:  # step_targets without a cut row, in numpy: the same float32 values, bit for bit
+                rewards = reward.astype(np.float32)
+                discounts = np.where(terminated, np.float32(0.0), np.float32(self.gamma))
+            storage.write_results(t[result] - 1, ending, rewards, discounts, episode_return, terminated | truncated,
+                                  new_game)
+        if len(acting):
+            storage.write_actions(t[act], acting, inputs[acting], actions, logp, value[acting], self.version)
+            if not self._solo:
+                buffer.send_actions(acting, actions)
+        if last.any():
+            storage.write_last(envs[last], inputs[envs[last]], value[envs[last]])
 
 
 def restart_dead_executors(buffer: StateBuffer, actors: Actors, storage: DoubleStorage, history: EnvHistory,

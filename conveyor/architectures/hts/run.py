@@ -22,9 +22,10 @@ the other rows), episodes are recorded at the swap in (step, env) order, and
 the learner sees whole storages. So a seed gives the same ``param_sha256`` for
 any number of actors and any timing (same ``torch_threads``).
 
-Checkpoints are written at the swap, before the next round starts: the
-learner (theta_t), the behaviour parameters, the full storage not yet learned
-from, the env history and the round count. A resumed run rebuilds every env
+Checkpoints are written at the swap (just after the next round started, which
+they do not hold: a resumed run plays it again from the same env states and
+uniforms): the learner (theta_t), the behaviour parameters, the full storage
+not yet learned from, the env history and the round count. A resumed run rebuilds every env
 (``EnvHistory``), learns that storage and goes on: it reaches the same
 ``param_sha256`` as a run that never stopped. Ctrl-C lets the round in flight
 finish (up to ``STOP_GRACE_S``) so the last checkpoint is such a point too.
@@ -100,8 +101,8 @@ def run(cfg: RunCfg) -> dict[str, Any]:
         acting = copy.deepcopy(learner.model).requires_grad_(False)
         behaviour = [t.detach().clone() for t in acting_tensors(learner.model)]
         schema = RolloutSchema.build(obs_space, model.policy, ROLLOUT_FIELDS)
-        storage = DoubleStorage(lambda: RolloutStorage(schema, cfg.arch.sync_interval, env_cfg.num_envs,
-                                                       learner.device))
+        # Host memory: actors write it a few cells at a time; the learner takes it to its device at the swap.
+        storage = DoubleStorage(lambda: RolloutStorage(schema, cfg.arch.sync_interval, env_cfg.num_envs))
         actors = run.closing(Actors(cfg.arch.num_actors, buffer, storage, acting, cfg.algo.gamma, run.telemetry))
         actors.version = learner.version
         sampler = torch.Generator().manual_seed(cfg.seed)
@@ -117,6 +118,7 @@ def run(cfg: RunCfg) -> dict[str, Any]:
             "pending_batch": pending, "behaviour": behaviour if pending is not None else None})
         epochs, minibatches = (cfg.algo.ppo_epochs, cfg.algo.ppo_minibatches) if cfg.algo.name == "ppo" else (1, 1)
         env_seconds = 0.0
+        gap_seconds, gaps = 0.0, 0  # from a round found full to the next one's start (eq. 7's overhead per round)
         buffer.start_round()
         while True:
             if pending is not None:  # learn from the last round while the actors collect this one
@@ -128,23 +130,32 @@ def run(cfg: RunCfg) -> dict[str, Any]:
                 run.after_update(learner, metrics, checkpoint=False)
             if not _wait_round(run, buffer, actors, storage, history, rounds):
                 break
+            full_at = time.perf_counter()
             full = storage.swap()
             rounds += 1
             # The parameters that just acted become the gradient point; the learner's latest act next.
             copy_params(behaviour, acting_tensors(acting))
             copy_params(acting_tensors(acting), acting_tensors(learner.model))
             actors.version = learner.version
-            pending = full.storage.batch()
-            actions = full.storage.actions.cpu().numpy()
+            for t in range(storage.T):
+                run.record_env_step(storage.B, full.episode_returns[t])
+            run.share_progress()
+            stop = run.should_stop()
+            if not stop:  # the next round starts now; the rest of the swap's bookkeeping overlaps with it
+                buffer.start_round()
+                gap_seconds, gaps = gap_seconds + time.perf_counter() - full_at, gaps + 1
+            pending = {key: value.to(learner.device) for key, value in full.storage.batch().items()}
+            actions = full.storage.actions.numpy()
             for t in range(storage.T):  # (step, env) order, whatever order the actors served them in
                 history.record(actions[t], full.episode_ends[t], full.new_games[t])
-                run.record_env_step(storage.B, full.episode_returns[t])
             run.telemetry.add_time("env", buffer.env_seconds - env_seconds)
             env_seconds, run.telemetry.env_errors = buffer.env_seconds, buffer.env_errors
-            run.share_progress()
-            if run.should_stop():
+            if stop:
                 break
-            run.checkpoint_if_due(learner)  # at the swap: everything a resumed run needs is here
-            buffer.start_round()
+            # Everything a resumed run needs is here: the learner, theta_{t-1}, the storage not learned from,
+            # the envs' history up to the swap and the round count (the round in flight is played again).
+            run.checkpoint_if_due(learner)
         return run.finish(learner, num_actors=cfg.arch.num_actors, num_executors=cfg.env.num_workers,
-                          sync_interval=cfg.arch.sync_interval, rounds=rounds)
+                          sync_interval=cfg.arch.sync_interval, rounds=rounds,
+                          action_wait_ms=1e3 * buffer.action_wait_s, env_step_ms=1e3 * buffer.env_step_s,
+                          round_gap_ms=1e3 * gap_seconds / gaps if gaps else float("nan"))

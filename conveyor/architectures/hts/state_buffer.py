@@ -47,14 +47,14 @@ their action pipe closes.
 
 from __future__ import annotations
 
-import itertools
+import collections
 import os
 import select
 import subprocess
 import time
 import traceback
 import weakref
-from typing import TYPE_CHECKING, Any, Iterator, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -70,6 +70,9 @@ GO = -1
 """Action-pipe record, main thread -> executor: start the next round."""
 STOP = -2
 """Action-pipe record, main thread -> executor: exit."""
+POST_AFTER_S = 0.001
+"""An executor posts the envs it stepped in one write once stepping them has taken this long (else when the
+actions that came together are all stepped)."""
 UNIFORM_STREAM = 0x48545352
 """Third word of an env's uniform-generator seed ``(seed, env, UNIFORM_STREAM)``: keeps the stream apart
 from every other generator seeded from small integers."""
@@ -170,6 +173,7 @@ class StateBuffer:
             ArraySpec("uniform", (B, *uniform_shape), "float32"),
             ArraySpec("request_step", (B,), "int64"),
             ArraySpec("env_seconds", (workers,), "float64"),
+            ArraySpec("action_wait", (workers, 2), "float64"),  # seconds from posting a request to its action, count
         ])
         self._uniform_shape = uniform_shape
         shared = self.shared
@@ -241,9 +245,11 @@ class StateBuffer:
     def send_actions(self, envs: np.ndarray, actions: np.ndarray) -> None:
         """Write ``actions`` for ``envs`` into the action buffer and wake their executors."""
         self.actions[envs] = actions
-        owners = self._owner[envs]
-        for index in np.unique(owners):
-            _write_to_live(self._executors[index].action_fd, _records(envs[owners == index]))
+        by_owner: dict[int, list[int]] = {}
+        for env, owner in zip(envs.tolist(), self._owner[envs].tolist()):
+            by_owner.setdefault(owner, []).append(env)
+        for owner, owned in by_owner.items():
+            _write_to_live(self._executors[owner].action_fd, _records(owned))
 
     # ---- main-thread side ------------------------------------------------------------------
     def start_round(self) -> None:
@@ -303,6 +309,19 @@ class StateBuffer:
         return float(self.shared["env_seconds"].sum())
 
     @property
+    def action_wait_s(self) -> float:
+        """Mean seconds an env waited for its action (its request posted to the action read, as the executors
+        measure it: most of the throughput model's beta) over every step so far; NaN before the first."""
+        seconds, count = self.shared["action_wait"].sum(axis=0)
+        return float(seconds / count) if count else float("nan")
+
+    @property
+    def env_step_s(self) -> float:
+        """Mean seconds of one env step (the executors' clock around ``env.step``) over every step so far."""
+        count = self.shared["action_wait"][:, 1].sum()
+        return self.env_seconds / count if count else float("nan")
+
+    @property
     def env_errors(self) -> int:
         return int(self.shared["env_errors"].sum())
 
@@ -322,16 +341,12 @@ def _write_to_live(fd: int, data: bytes) -> None:
 
 
 # ---- executor process ----------------------------------------------------------------------
-def _incoming(action_fd: int, num_envs: int, heartbeat: np.ndarray) -> Iterator[int]:
-    """Records from the action pipe, one at a time; STOP when the parent has gone (end of file). Clears
-    ``heartbeat`` while it waits: no env call is under way then."""
-    while True:
-        heartbeat[0] = 0.0
-        data = os.read(action_fd, _RECORD.itemsize * (num_envs + 1))
-        if not data:
-            yield STOP
-            return
-        yield from np.frombuffer(data, _RECORD).tolist()
+def _read_records(action_fd: int, num_envs: int, heartbeat: np.ndarray) -> list[int]:
+    """The records waiting on the action pipe (blocks for at least one); ``[STOP]`` when the parent has gone
+    (end of file). Clears ``heartbeat`` while it waits: no env call is under way then."""
+    heartbeat[0] = 0.0
+    data = os.read(action_fd, _RECORD.itemsize * (num_envs + 1))
+    return np.frombuffer(data, _RECORD).tolist() if data else [STOP]
 
 
 def _serve(spec: ExecutorSpec, shared: SharedArrays) -> None:
@@ -341,9 +356,13 @@ def _serve(spec: ExecutorSpec, shared: SharedArrays) -> None:
                                  spec.env_offset), shared) for i in range(spec.num_envs)]
     uniform, request_step = shared["uniform"], shared["request_step"]
     env_seconds = shared["env_seconds"][spec.index:spec.index + 1]
-    steps = np.zeros(spec.num_envs, np.int64)
+    action_wait = shared["action_wait"][spec.index]
+    posted = [0.0] * spec.num_envs  # when each env's request went out
+    heartbeat = shared["heartbeat"][spec.index:spec.index + 1]
+    steps = [0] * spec.num_envs
     tag = shared["obs"].shape[0] * spec.incarnation
     uniforms: list[np.random.Generator] = []
+    clock = time.perf_counter
 
     def post(indices: list[int]) -> None:
         for e in indices:
@@ -351,37 +370,61 @@ def _serve(spec: ExecutorSpec, shared: SharedArrays) -> None:
             request_step[e] = t
             if t < alpha:
                 uniform[e] = uniforms[e - first].random(spec.uniform_shape, dtype=np.float32)
+        now = clock()
+        for e in indices:
+            posted[e - first] = now
         os.write(spec.ready_fd, _records([e + tag for e in indices]))
+
+    def receive() -> collections.deque:
+        return collections.deque(_read_records(spec.action_fd, spec.num_envs, heartbeat))
 
     try:
         for env in envs:
             env.reset()
-        incoming = _incoming(spec.action_fd, spec.num_envs, shared["heartbeat"][spec.index:spec.index + 1])
+        waiting = collections.deque([GO]) if spec.join_round else receive()
         round_index = spec.first_round
-        commands = itertools.chain([GO], incoming) if spec.join_round else incoming
-        for command in commands:  # between rounds
+        while True:  # between rounds
+            command = waiting.popleft() if waiting else receive().popleft()
             if command == STOP:
                 return
             if command != GO:
                 raise RuntimeError(f"executor {spec.index} got record {command} between rounds, expected GO")
-            steps[:] = 0
+            steps[:] = [0] * spec.num_envs
             uniforms = [uniform_generator(spec.seed, spec.env_offset + first + i, round_index)
                         for i in range(spec.num_envs)]
             round_index += 1
             post(list(range(first, first + spec.num_envs)))
             pending = spec.num_envs
             while pending:
-                e = next(incoming)
-                if e == STOP:
-                    return
-                if not first <= e < first + spec.num_envs:
-                    raise RuntimeError(f"executor {spec.index} got record {e} during a round, expected one of its envs")
-                start = time.perf_counter()
-                envs[e - first].step()  # writes obs, reward, flags, final_obs, episode_return of row e
-                env_seconds[0] += time.perf_counter() - start
-                steps[e - first] += 1
-                pending -= int(steps[e - first] == alpha)
-                post([e])
+                if not waiting:
+                    waiting = receive()
+                arrived = clock()
+                # Step every env whose action came in this read, then post them in one record write (one
+                # wake-up, one batch for the actors), or sooner when stepping them takes longer than
+                # POST_AFTER_S (a slow env's request should not wait for its siblings' steps).
+                ready: list[int] = []
+                began = arrived
+                while waiting:
+                    e = waiting.popleft()
+                    if e == STOP:
+                        return
+                    if not first <= e < first + spec.num_envs:
+                        raise RuntimeError(f"executor {spec.index} got record {e} during a round, expected one of "
+                                           "its envs")
+                    action_wait[0] += arrived - posted[e - first]
+                    action_wait[1] += 1
+                    start = clock()
+                    envs[e - first].step()  # writes obs, reward, flags, final_obs, episode_return of row e
+                    end = clock()
+                    env_seconds[0] += end - start
+                    steps[e - first] += 1
+                    pending -= steps[e - first] == alpha
+                    ready.append(e)
+                    if end - began > POST_AFTER_S:
+                        post(ready)
+                        ready, began = [], clock()
+                if ready:
+                    post(ready)
     finally:
         for env in envs:
             env.close()
