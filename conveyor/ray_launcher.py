@@ -126,7 +126,7 @@ class RayLauncher:
         old = self.actors.pop(index, None)
         if old is not None:
             ray.kill(old, no_restart=True)
-        self.lives[index] = self.lives.get(index, -1) + 1
+        self.lives[index] = self.next_life(index)
         strategy = PlacementGroupSchedulingStrategy(self.placement, placement_group_bundle_index=index)
         if cls not in self.remote_classes:
             self.remote_classes[cls] = ray.remote(cls)
@@ -142,6 +142,10 @@ class RayLauncher:
         self.rows[index] = {"role": self.role, "index": index, "life": self.lives[index], **found}
         self._write()
         return handle
+
+    def next_life(self, index: int) -> int:
+        """The life the next ``start(index, ...)`` gives actor ``index``: 0, then one more per replacement."""
+        return self.lives.get(index, -1) + 1
 
     def describe(self, index: int) -> str:
         """Actor ``index`` in a line: role, index, pid, node."""

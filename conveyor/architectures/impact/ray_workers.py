@@ -69,9 +69,6 @@ class ImpactRayWorker:
         seconds = self.collector.fill(batch, self.version)
         return {"batch": batch, "seconds": seconds, "env_errors": self.collector.env_errors}
 
-    def close(self) -> None:
-        self.collector.close()
-
 
 class RayWorkers:
     """``cfg.env.num_workers`` IMPACT workers as Ray actors, with ``Workers``' interface: ``next_slot`` hands
@@ -96,8 +93,7 @@ class RayWorkers:
         self.handles = [self._start(index) for index in range(cfg.env.num_workers)]
 
     def _start(self, index: int) -> Any:
-        life = self.launcher.lives.get(index, -1) + 1  # the life ``launcher.start`` gives it
-        handle = self.launcher.start(index, ImpactRayWorker, self.cfg.to_dict(), index, life)
+        handle = self.launcher.start(index, ImpactRayWorker, self.cfg.to_dict(), index, self.launcher.next_life(index))
         for slot in range(index * SLOTS_PER_WORKER, (index + 1) * SLOTS_PER_WORKER):
             if slot not in self.held:
                 self._submit(handle, slot)
