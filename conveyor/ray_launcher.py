@@ -20,7 +20,8 @@ hold them, else after ``PLACEMENT_TIMEOUT_S`` (CPUs taken by other jobs); it
 never waits silently for resources.
 
 ``RayLauncher.start(index, ...)`` creates actor ``index`` in bundle
-``index``, so a restarted actor takes its predecessor's place (and node).
+``index``, so a restarted actor takes its predecessor's place (and node);
+``start_all`` creates a run's actors together, so they start in parallel.
 ``DIR/launcher.json`` lists every actor's role, index, life (restarts of
 that index), node id, node ip, hostname and pid, rewritten atomically at
 each start: ``kill -9`` of a pid found there is how the fault tests kill
@@ -120,28 +121,35 @@ class RayLauncher:
         """Create ``cls(*args)`` as Ray actor ``index`` in bundle ``index`` (replacing one that died there: its
         life counts up), record where it runs and return its handle. ``cls`` has a ``where()`` method
         (``ray_launcher.where``)."""
+        return self.start_all(cls, {index: args})[index]
+
+    def start_all(self, cls: type, args: dict[int, tuple[Any, ...]]) -> dict[int, Any]:
+        """``start`` for every index of ``args`` at once: all are created before any is waited for, so they
+        construct in parallel (each imports torch and builds its envs: N start in about the time of one)."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         ray = self.ray
-        old = self.actors.pop(index, None)
-        if old is not None:
-            ray.kill(old, no_restart=True)
-        self.lives[index] = self.next_life(index)
-        strategy = PlacementGroupSchedulingStrategy(self.placement, placement_group_bundle_index=index)
         if cls not in self.remote_classes:
             self.remote_classes[cls] = ray.remote(cls)
         remote_class = self.remote_classes[cls]
-        handle = remote_class.options(num_cpus=CPUS_PER_ACTOR, max_restarts=0, scheduling_strategy=strategy
-                                         ).remote(*args)
-        self.actors[index] = handle
-        try:
-            found = ray.get(handle.where.remote())
-        except ray.exceptions.RayError as error:  # its constructor raised, or conveyor does not import there
-            said = (str(error).strip().splitlines() or [type(error).__name__])[-1]
-            raise WorkerFailure(f"{self.role} {index} could not start on the Ray cluster: {said}") from None
-        self.rows[index] = {"role": self.role, "index": index, "life": self.lives[index], **found}
+        for index, actor_args in args.items():
+            old = self.actors.pop(index, None)
+            if old is not None:
+                ray.kill(old, no_restart=True)
+            self.lives[index] = self.next_life(index)
+            strategy = PlacementGroupSchedulingStrategy(self.placement, placement_group_bundle_index=index)
+            self.actors[index] = remote_class.options(num_cpus=CPUS_PER_ACTOR, max_restarts=0,
+                                                      scheduling_strategy=strategy).remote(*actor_args)
+        places = {index: self.actors[index].where.remote() for index in args}
+        for index, place in places.items():
+            try:
+                found = ray.get(place)
+            except ray.exceptions.RayError as error:  # its constructor raised, or conveyor does not import there
+                said = (str(error).strip().splitlines() or [type(error).__name__])[-1]
+                raise WorkerFailure(f"{self.role} {index} could not start on the Ray cluster: {said}") from None
+            self.rows[index] = {"role": self.role, "index": index, "life": self.lives[index], **found}
         self._write()
-        return handle
+        return {index: self.actors[index] for index in args}
 
     def next_life(self, index: int) -> int:
         """The life the next ``start(index, ...)`` gives actor ``index``: 0, then one more per replacement."""

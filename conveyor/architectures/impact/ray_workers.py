@@ -90,14 +90,20 @@ class RayWorkers:
         self.pending: dict[Any, int] = {}  # call -> slot it fills
         self.held: set[int] = set()
         self.ready: deque[int] = deque()
-        self.handles = [self._start(index) for index in range(cfg.env.num_workers)]
+        workers = range(cfg.env.num_workers)
+        started = launcher.start_all(ImpactRayWorker, {index: self._args(index) for index in workers})
+        self.handles = [started[index] for index in workers]
+        for index in workers:
+            self._fill(index)
 
-    def _start(self, index: int) -> Any:
-        handle = self.launcher.start(index, ImpactRayWorker, self.cfg.to_dict(), index, self.launcher.next_life(index))
+    def _args(self, index: int) -> tuple[Any, ...]:
+        return self.cfg.to_dict(), index, self.launcher.next_life(index)
+
+    def _fill(self, index: int) -> None:
+        """Queue worker ``index``'s calls: one per slot of its own that the learner does not hold."""
         for slot in range(index * SLOTS_PER_WORKER, (index + 1) * SLOTS_PER_WORKER):
             if slot not in self.held:
-                self._submit(handle, slot)
-        return handle
+                self._submit(self.handles[index], slot)
 
     def _submit(self, handle: Any, slot: int) -> None:
         if self.params.version > self.published[0]:
@@ -151,7 +157,8 @@ class RayWorkers:
         for call in lost:
             del self.pending[call]
         self.errors_base[index] = int(self.pool["env_errors"][index])
-        self.handles[index] = self._start(index)
+        self.handles[index] = self.launcher.start(index, ImpactRayWorker, *self._args(index))
+        self._fill(index)
         self.on_restart(self.cfg.arch.worker_batch * self.cfg.env.envs_per_worker if lost else 0)
 
     def close(self) -> None:

@@ -61,10 +61,8 @@ class RayActors:
         self.args = (self.address, token, num_envs, num_workers, Path(tls_ca).read_bytes() if tls_ca else b"",
                      max_message_bytes)
         self.restart_budget = RestartBudget(max_restarts)
-        self.runs = [self._start(index) for index in range(launcher.count)]
-
-    def _start(self, index: int) -> Any:
-        return self.launcher.start(index, SeedRayActor, *self.args).run.remote()
+        started = launcher.start_all(SeedRayActor, {index: self.args for index in range(launcher.count)})
+        self.runs = [started[index].run.remote() for index in range(launcher.count)]
 
     def restart_dead(self) -> list[str]:
         """Start a new Ray actor for every one whose loop ended; returns the dead ones' actor names. Raises
@@ -81,7 +79,7 @@ class RayActors:
             row = self.launcher.rows[index]
             self.restart_budget.spend(f"{self.launcher.describe(index)} ended ({reason})")
             dead.append(actor_name(row["pid"], row["hostname"]))
-            self.runs[index] = self._start(index)
+            self.runs[index] = self.launcher.start(index, SeedRayActor, *self.args).run.remote()
         return dead
 
 
