@@ -22,7 +22,7 @@ import torch
 from conveyor import train
 from conveyor.algos import make_loss
 from conveyor.architectures.hts import run as hts
-from conveyor.architectures.hts.actors import delayed_update
+from conveyor.architectures.hts.actors import delayed_update, lagged_ppo_update
 from conveyor.config import AlgoCfg, ArchCfg, EnvCfg, ModelCfg, RunCfg
 from conveyor.envs import STEP_TIME_ID
 from conveyor.envs.step_time import EPISODE_STEPS
@@ -189,23 +189,27 @@ def test_delayed_a2c_update_is_the_gradient_at_previous_params_applied_to_curren
                                                           undelayed.model.parameters())) > 1e-4
 
 
-def test_delayed_ppo_update_is_synchronous_ppo_from_previous_params_moved_onto_current():
+def test_lagged_ppo_update_is_ppo_from_current_params_with_ratios_against_the_behaviour():
     learner, previous, batch, cfg = learner_two_updates_in("ppo")
-    current = [p.detach().clone() for p in learner.model.parameters()]
-    sync = copy.deepcopy(learner)  # synchronous PPO, started at theta_{t-1} with the same optimizer state
+    # The batch as theta_{t-1} collected it: its log-probs, which the ratios of every minibatch divide by.
+    at_previous = copy.deepcopy(learner.model)
     with torch.no_grad():
-        for p, value in zip(sync.model.parameters(), previous):
+        for p, value in zip(at_previous.parameters(), previous):
             p.copy_(value)
+        batch["behaviour_logp"] = at_previous(batch["obs"]).time_slice(0, 5).log_prob(batch["actions"])
+    sync = copy.deepcopy(learner)  # synchronous PPO's epochs, from theta_t with the same optimizer state
     sync.update_epochs(batch, 2, 2, torch.Generator().manual_seed(5))
+    with torch.no_grad():  # theta_t is not the policy that acted: the first minibatch's ratios are not 1
+        first_ratio = (learner.model(batch["obs"]).time_slice(0, 5).log_prob(batch["actions"])
+                       - batch["behaviour_logp"]).exp()
+    assert (first_ratio - 1).abs().max() > 1e-3
 
     version = learner.version
-    delayed_update(learner, previous, batch, 2, 2, torch.Generator().manual_seed(5))
+    metrics = lagged_ppo_update(learner, batch, 2, 2, torch.Generator().manual_seed(5), False)
     assert learner.version == version + 1  # one policy version for its 4 optimizer steps
-    for p, c, s, b in zip(learner.model.parameters(), current, sync.model.parameters(), previous):
-        torch.testing.assert_close(p, c + (s - b), rtol=1e-6, atol=1e-7)
-        assert not torch.equal(s, b)
-    for state, sync_state in zip(learner.optimizer.state.values(), sync.optimizer.state.values()):
-        torch.testing.assert_close(state["exp_avg_sq"], sync_state["exp_avg_sq"])
+    for p, s in zip(learner.model.parameters(), sync.model.parameters()):
+        assert torch.equal(p, s)
+    assert metrics and all(np.isfinite(v) for v in metrics.values())
 
 
 # ---- end to end ------------------------------------------------------------------------------------
@@ -341,10 +345,12 @@ def test_hts_ppo_learns_step_time(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)  # six runs to 475: measured 2 (A2C) and 8 (PPO) minutes on two shared cores
-@pytest.mark.parametrize("algo", ["a2c", "ppo"])
-def test_hts_reaches_the_cartpole_threshold_in_no_more_steps_than_paac(tmp_path, algo):
-    """Same model, loss and batch (16 envs x 5 steps): HTS's delayed gradient costs no sample efficiency.
-    Measured (README, hts section): A2C medians 188k vs 173k steps, PPO 195k vs 176k."""
+@pytest.mark.parametrize("algo, slack", [("a2c", 1.25), ("ppo", 1.5)])
+def test_hts_reaches_the_cartpole_threshold_in_about_as_many_steps_as_paac(tmp_path, algo, slack):
+    """Same model, loss and batch (16 envs x 5 steps). A2C: HTS's delayed gradient costs no sample efficiency
+    (medians 188k vs 173k steps; README, hts section). PPO learns from data one round old, and its clip counts
+    the previous round's change against it (the authors' form, ``actors.lagged_ppo_update``): medians 240k vs
+    181k on 2026-11-24 (1.33x), so a wider bound."""
     steps = {}
     for arch in ("paac", "hts"):
         steps[arch] = []
@@ -355,5 +361,5 @@ def test_hts_reaches_the_cartpole_threshold_in_no_more_steps_than_paac(tmp_path,
             summary = train(cfg)
             assert summary["stop_reason"] == "target_return reached", (arch, seed, summary["return_mean_last100"])
             steps[arch].append(summary["env_steps"])
-    # within noise: the median over three seeds, with a quarter of slack
-    assert statistics.median(steps["hts"]) <= 1.25 * statistics.median(steps["paac"]), steps
+    # the median over three seeds, within the slack
+    assert statistics.median(steps["hts"]) <= slack * statistics.median(steps["paac"]), steps

@@ -210,6 +210,9 @@ REFERENCES: dict[tuple[str, str | None], str] = {
                              "490.04 ± 6.12: CleanRL ppo.py (500k steps, 3 seeds)"),
     ("CartPole-v1", None): "none published: the GA3C, SEED RL and IMPACT papers report Atari, DMLab and MuJoCo only",
     ("Pendulum-v1", "ppo"): "-172.2 ± 104.2: rl-baselines3-zoo benchmark (SB3 PPO, 100k steps)",
+    ("Pendulum-v1", "vtrace"): ("none published as a score: RLlib's tuned IMPALA example (tuned_examples/impala/"
+                                "pendulum_impala.py) budgets 5M env steps for a mean of -200; its older "
+                                "pendulum-impala.yaml stopped at -700 within 500k"),
     ("Pendulum-v1", None): "none published: the SEED RL and IMPACT papers report no Pendulum number",
     ("HalfCheetah-v5", "ppo"): ("5819.1 ± 663.5: rl-baselines3-zoo benchmark (SB3 PPO, HalfCheetah-v3, 1M steps); "
                                 "1442.6 ± 46.0: CleanRL ppo_continuous_action.py (HalfCheetah-v4, 1M steps, "

@@ -1,6 +1,6 @@
 """HTS-RL's parts (Liu et al. 2020), wired by ``conveyor.architectures.hts.run``.
 
-- ``delayed_update``: the one-step delayed gradient (eq. 6).
+- ``delayed_update``: the one-step delayed gradient of A2C (eq. 6); ``lagged_ppo_update``: PPO's.
 - ``Actors``: actor threads serving the state buffer (``state_buffer``)
   with the acting parameters and writing the filling storage; ``paused()``
   holds them between requests while the main thread replaces an executor.
@@ -46,29 +46,38 @@ def acting_tensors(model: nn.Module) -> list[Tensor]:
     return [*model.parameters(), *model.buffers()]
 
 
-def delayed_update(learner: Learner, behaviour: list[Tensor], batch: dict[str, Tensor], epochs: int = 1,
-                   minibatches: int = 1, generator: torch.Generator | None = None,
-                   steps: bool = False) -> dict[str, float]:
-    """One HTS-RL update (eq. 6): the algorithm's update computed at the behaviour parameters theta_{t-1}
-    (``behaviour``, in ``acting_tensors`` order) on the data they collected, applied to theta_t.
-
-    A2C: theta_{t+1} = theta_t + step(g(theta_{t-1})), one optimizer step with the gradient at theta_{t-1}.
-    PPO: its ``epochs x minibatches`` steps run from theta_{t-1} exactly as synchronous PPO would (the first
-    at ratio 1), and the change they make moves theta_t. Either way it is one policy version. The gradient is
-    taken under the input statistics theta_{t-1} acted with; the learner's own statistics then take in the batch.
-    ``steps``: minibatches of single steps (``Learner.update_epochs``; ``algos.ppo.epoch_batch`` says when).
+def delayed_update(learner: Learner, behaviour: list[Tensor], batch: dict[str, Tensor]) -> dict[str, float]:
+    """One HTS-RL A2C update (eq. 6): theta_{t+1} = theta_t + step(g(theta_{t-1})), one optimizer step from
+    theta_t with the gradient taken at the behaviour parameters theta_{t-1} (``behaviour``, in
+    ``acting_tensors`` order) on the data they collected. The gradient is taken under the input statistics
+    theta_{t-1} acted with; the learner's own statistics then take in the batch.
     """
     params, buffers = list(learner.model.parameters()), list(learner.model.buffers())
     version = learner.version
     current = [p.detach().clone() for p in params]
     statistics = [b.clone() for b in buffers]
     copy_params(params + buffers, behaviour)
-    metrics = learner.update_epochs(batch, epochs, minibatches, generator, steps=steps)
+    metrics = learner.update(batch)
     with torch.no_grad():  # theta_t + (the change the update made to theta_{t-1}): c + (p - b), tensor by tensor
         copy_params(params, torch._foreach_add(current, torch._foreach_sub(params, behaviour[:len(params)])))
-    copy_params(buffers, statistics)  # update_epochs folded the batch into theta_{t-1}'s statistics: redo it
+    copy_params(buffers, statistics)  # the update folded the batch into theta_{t-1}'s statistics: redo it
     learner.observe(batch["obs"])
-    learner.version = version + (learner.version > version)  # one policy version; none if every step was skipped
+    learner.version = version + (learner.version > version)  # none if the step was skipped
+    return metrics
+
+
+def lagged_ppo_update(learner: Learner, batch: dict[str, Tensor], epochs: int, minibatches: int,
+                      generator: torch.Generator, steps: bool) -> dict[str, float]:
+    """One HTS-RL PPO update: PPO's ``epochs x minibatches`` steps from theta_t on the data theta_{t-1}
+    collected, each ratio taken against the log-probs theta_{t-1} acted with, as the authors' code does
+    (``learner.py`` of github.com/IouJenLiu/HTS-RL runs its PPO update on the current model). The clip then
+    bounds the step from the policy that acted; eq. 6's form (the change PPO makes from theta_{t-1}, moved
+    onto theta_t) would stack it on the previous round's change. One policy version, so the lag stays 1.
+    ``steps``: minibatches of single steps (``Learner.update_epochs``; ``algos.ppo.epoch_batch`` says when).
+    """
+    version = learner.version
+    metrics = learner.update_epochs(batch, epochs, minibatches, generator, steps=steps)
+    learner.version = version + (learner.version > version)  # none if every step was skipped
     return metrics
 
 

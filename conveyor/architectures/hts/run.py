@@ -13,7 +13,10 @@
   swap, the parameters that acted become the gradient point theta_{t-1}, the
   learner's latest theta_t act next, and the main thread learns from the full
   storage while the next round is collected. The data is always exactly one
-  update behind the learner (lag 1; the first batch, lag 0).
+  update behind the learner (lag 1; the first batch, lag 0). A2C applies the
+  gradient at theta_{t-1} to theta_t (eq. 6, ``actors.delayed_update``); PPO
+  runs its epochs from theta_t with ratios against theta_{t-1}'s log-probs, as
+  the authors' code does (``actors.lagged_ppo_update``).
 
 Determinism: an action depends only on the acting parameters, the env's
 observation and the env's uniform number. Actors forward a fixed-size batch
@@ -53,7 +56,7 @@ from conveyor.algos import ppo
 from conveyor.config import RunCfg
 from conveyor.envs.history import EnvHistory
 from conveyor.architectures.hts.actors import (POLL_S, Actors, acting_tensors, copy_params, delayed_update,
-                                               restart_dead_executors)
+                                               lagged_ppo_update, restart_dead_executors)
 from conveyor.models import make_model
 from conveyor.run import Run
 from conveyor.storage.double import DoubleStorage
@@ -116,7 +119,6 @@ def run(cfg: RunCfg) -> dict[str, Any]:
         run.save_with_checkpoints(lambda: {
             "hts_rounds": rounds, "env_state": history.state(), "sampler": sampler.get_state(),
             "pending_batch": pending, "behaviour": behaviour if pending is not None else None})
-        epochs, minibatches = (cfg.algo.ppo_epochs, cfg.algo.ppo_minibatches) if cfg.algo.name == "ppo" else (1, 1)
         env_seconds = 0.0
         gap_seconds, gaps = 0.0, 0  # from a round found full to the next one's start (eq. 7's overhead per round)
         buffer.start_round()
@@ -124,8 +126,12 @@ def run(cfg: RunCfg) -> dict[str, Any]:
             if pending is not None:  # learn from the last round while the actors collect this one
                 with run.timer("learn"):
                     run.telemetry.add_lag(learner.version, pending["policy_version"].cpu())
-                    batch, steps = ppo.epoch_batch(cfg, bool(model.lstm_size), pending)
-                    metrics = delayed_update(learner, behaviour, batch, epochs, minibatches, sampler, steps)
+                    if cfg.algo.name == "ppo":
+                        batch, steps = ppo.epoch_batch(cfg, bool(model.lstm_size), pending)
+                        metrics = lagged_ppo_update(learner, batch, cfg.algo.ppo_epochs, cfg.algo.ppo_minibatches,
+                                                    sampler, steps)
+                    else:
+                        metrics = delayed_update(learner, behaviour, pending)
                 pending = None
                 run.after_update(learner, metrics, checkpoint=False)
             if not _wait_round(run, buffer, actors, storage, history, rounds):
