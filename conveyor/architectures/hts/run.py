@@ -27,7 +27,7 @@ any number of actors and any timing (same ``torch_threads``).
 
 Checkpoints are written at the swap (just after the next round started, which
 they do not hold: a resumed run plays it again from the same env states and
-uniforms): the learner (theta_t), the behaviour parameters, the full storage
+uniforms): the learner (theta_t), the behaviour parameters (A2C's gradient point), the full storage
 not yet learned from, the env history and the round count. A resumed run rebuilds every env
 (``EnvHistory``), learns that storage and goes on: it reaches the same
 ``param_sha256`` as a run that never stopped. Ctrl-C lets the round in flight
@@ -100,9 +100,11 @@ def run(cfg: RunCfg) -> dict[str, Any]:
         obs_space = buffer.single_observation_space
         model = make_model(cfg.model, obs_space, buffer.single_action_space)
         learner = run.learner(model, algos.make_loss(cfg))
-        # The acting parameters (theta_t of the round) and the gradient point of the next update (theta_{t-1}).
+        # The acting parameters (theta_t of the round) and, for A2C's delayed gradient (eq. 6), the gradient point
+        # of the next update (theta_{t-1}); PPO's update reads theta_{t-1}'s log-probs from the batch instead.
         acting = copy.deepcopy(learner.model).requires_grad_(False)
-        behaviour = [t.detach().clone() for t in acting_tensors(learner.model)]
+        delayed_gradient = cfg.algo.name != "ppo"
+        behaviour = [t.detach().clone() for t in acting_tensors(learner.model)] if delayed_gradient else None
         schema = RolloutSchema.build(obs_space, model.policy, ROLLOUT_FIELDS)
         # Host memory: actors write it a few cells at a time; the learner takes it to its device at the swap.
         storage = DoubleStorage(lambda: RolloutStorage(schema, cfg.arch.sync_interval, env_cfg.num_envs))
@@ -115,6 +117,7 @@ def run(cfg: RunCfg) -> dict[str, Any]:
             pending = run.resume_state["pending_batch"]
             if pending is not None:
                 pending = {key: value.to(learner.device) for key, value in pending.items()}
+            if pending is not None and delayed_gradient:
                 copy_params(behaviour, run.resume_state["behaviour"])
         run.save_with_checkpoints(lambda: {
             "hts_rounds": rounds, "env_state": history.state(), "sampler": sampler.get_state(),
@@ -126,7 +129,7 @@ def run(cfg: RunCfg) -> dict[str, Any]:
             if pending is not None:  # learn from the last round while the actors collect this one
                 with run.timer("learn"):
                     run.telemetry.add_lag(learner.version, pending["policy_version"].cpu())
-                    if cfg.algo.name == "ppo":
+                    if not delayed_gradient:
                         batch, steps = ppo.epoch_batch(cfg, bool(model.lstm_size), pending)
                         metrics = lagged_ppo_update(learner, batch, cfg.algo.ppo_epochs, cfg.algo.ppo_minibatches,
                                                     sampler, steps)
@@ -140,7 +143,8 @@ def run(cfg: RunCfg) -> dict[str, Any]:
             full = storage.swap()
             rounds += 1
             # The parameters that just acted become the gradient point; the learner's latest act next.
-            copy_params(behaviour, acting_tensors(acting))
+            if delayed_gradient:
+                copy_params(behaviour, acting_tensors(acting))
             copy_params(acting_tensors(acting), acting_tensors(learner.model))
             actors.version = learner.version
             for t in range(storage.T):
