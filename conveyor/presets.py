@@ -6,7 +6,8 @@ the first of these layers that names the field, most specific first:
 
 1. ``--preset NAME`` (IMPACT comparison presets: they fix fields, and an
    explicit value that contradicts one is refused);
-2. ``ARCH_ALGO_FAMILY[(arch, algo, family)]``;
+2. ``PRESET_FAMILY[(NAME, family)]`` (tuned values of a ``--preset`` run,
+   which flags override as any other preset value);
 3. ``ALGO_FAMILY[(algo, family)]``;
 4. ``FAMILY[family]``;
 5. ``ALGO[algo]``;
@@ -336,9 +337,15 @@ ALGO_FAMILY: dict[tuple[str, str], dict[str, Any]] = {
     },
 }
 
-ARCH_ALGO_FAMILY: dict[tuple[str, str, str], dict[str, Any]] = {
-    ("impact", "vtrace", "classic-discrete"): {  # --preset impala: one use per batch, so smaller batches
+# The comparison presets use each batch once (K = 1), so on cheap envs they want smaller worker batches than
+# `impact` with its K = 8: as many updates per env step from a tenth of the data each.
+PRESET_FAMILY: dict[tuple[str, str], dict[str, Any]] = {
+    ("impala", "classic-discrete"): {
         "arch.worker_batch": 10,  # source: tuned here: --preset impala CartPole seed 1: 475 at 227k (50: 249 at 300k)
+    },
+    ("appo", "classic-discrete"): {
+        "arch.worker_batch": 10,  # source: tuned here: --preset appo CartPole seeds 1-3: 475 at 153k/197k/176k
+        # (32, the impact/classic-discrete value: 475 at 292k, then 323 and 460 at 300k)
     },
 }
 
@@ -380,9 +387,10 @@ def env_family(env_id: str, env_args: tuple[tuple[str, Any], ...] = ()) -> str:
     return _FAMILY_CACHE[env_id]
 
 
-def layers(arch: str, algo: str, family: str) -> list[tuple[str, dict[str, Any]]]:
-    """The table layers that apply to a run, most specific first, as (layer name, values)."""
-    return [(f"{arch}/{algo}/{family}", ARCH_ALGO_FAMILY.get((arch, algo, family), {})),
+def layers(preset: str, algo: str, family: str) -> list[tuple[str, dict[str, Any]]]:
+    """The table layers that apply to a run (``preset`` "" without ``--preset``) below the preset's fixed
+    fields, most specific first, as (layer name, values)."""
+    return [(f"--preset {preset}/{family}", PRESET_FAMILY.get((preset, family), {})),
             (f"{algo}/{family}", ALGO_FAMILY.get((algo, family), {})),
             (family, FAMILY.get(family, {})),
             (algo, ALGO.get(algo, {})),
@@ -430,7 +438,7 @@ def resolve(cfg: Any) -> Resolved:
     missing = [key for key, value in values.items() if value is None]
     if missing:
         family = env_family(cfg.env.id, cfg.env.env_args)
-        table = [(f"--preset {cfg.arch.preset}", forced), *layers(arch, algo_name, family)]
+        table = [(f"--preset {cfg.arch.preset}", forced), *layers(cfg.arch.preset, algo_name, family)]
         for key in missing:
             sources[key], values[key] = next((name, layer[key]) for name, layer in table if key in layer)
         view = _view(cfg, values, algo_name)
@@ -502,7 +510,7 @@ def table_lines() -> list[str]:
     lines.append("# base: every preset field (the layers below override it, later ones earlier ones)")
     lines += [f"  {name} = {value!r}" for name, value in BASE.items()]
     groups: list[tuple[str, dict[Any, dict[str, Any]]]] = [
-        ("algo", ALGO), ("family", FAMILY), ("algo/family", ALGO_FAMILY), ("arch/algo/family", ARCH_ALGO_FAMILY)]
+        ("algo", ALGO), ("family", FAMILY), ("algo/family", ALGO_FAMILY), ("--preset/family", PRESET_FAMILY)]
     for title, group in groups:
         lines.append(f"# {title}")
         for key, values in group.items():

@@ -48,21 +48,21 @@ def test_every_run_resolves_without_none(arch, algo, family):
 
 def test_table_keys_name_real_fields_families_and_pairs():
     for layer in [presets.BASE, *presets.ALGO.values(), *presets.FAMILY.values(), *presets.ALGO_FAMILY.values(),
-                  *presets.ARCH_ALGO_FAMILY.values()]:
+                  *presets.PRESET_FAMILY.values()]:
         assert set(layer) <= set(presets.BASE)
     all_algos = {algo for algos in ARCH_ALGOS.values() for algo in algos}
     assert set(presets.ALGO) <= all_algos and set(presets.FAMILY) <= set(presets.FAMILIES)
     assert all(algo in all_algos and family in presets.FAMILIES for algo, family in presets.ALGO_FAMILY)
-    assert all(algo in ARCH_ALGOS[arch] and family in presets.FAMILIES
-               for arch, algo, family in presets.ARCH_ALGO_FAMILY)
+    assert all(preset in presets.IMPACT_PRESETS and family in presets.FAMILIES
+               for preset, family in presets.PRESET_FAMILY)
     assert all(presets.ARCH_ALGO[arch] in algos for arch, algos in ARCH_ALGOS.items())
 
 
-LAYERS = [  # most specific first: (source name, table, key), for paac/a2c on CartPole
-    ("paac/a2c/classic-discrete", "ARCH_ALGO_FAMILY", ("paac", "a2c", "classic-discrete")),
-    ("a2c/classic-discrete", "ALGO_FAMILY", ("a2c", "classic-discrete")),
+LAYERS = [  # most specific first: (source name, table, key), for --arch impact --preset appo on CartPole
+    ("--preset appo/classic-discrete", "PRESET_FAMILY", ("appo", "classic-discrete")),
+    ("impact/classic-discrete", "ALGO_FAMILY", ("impact", "classic-discrete")),
     ("classic-discrete", "FAMILY", "classic-discrete"),
-    ("a2c", "ALGO", "a2c"),
+    ("impact", "ALGO", "impact"),
 ]
 
 
@@ -72,12 +72,21 @@ def test_the_most_specific_layer_wins(monkeypatch):
         layer = getattr(presets, table)
         monkeypatch.setitem(layer, key, {**layer.get(key, {}), "algo.value_coef": float(rank)})
     for rank, (name, table, key) in enumerate(LAYERS):
-        cfg = RunCfg()
+        cfg = RunCfg(arch=ArchCfg(name="impact", preset="appo"))
         assert (cfg.algo.value_coef, cfg.preset_sources["algo.value_coef"]) == (float(rank), name)
         layer = getattr(presets, table)
         monkeypatch.setitem(layer, key, {k: v for k, v in layer[key].items() if k != "algo.value_coef"})
-    cfg = RunCfg()
+    cfg = RunCfg(arch=ArchCfg(name="impact", preset="appo"))
     assert (cfg.algo.value_coef, cfg.preset_sources["algo.value_coef"]) == (9.0, "base")
+
+
+def test_a_comparison_presets_tuned_values_are_its_own_and_yield_to_flags():
+    """`--preset appo` on CartPole takes its own worker batch; `impact` (same loss, K = 8) keeps its; a flag wins."""
+    appo = RunCfg(arch=ArchCfg(name="impact", preset="appo"))
+    assert (appo.arch.worker_batch, appo.preset_sources["arch.worker_batch"]) == (10, "--preset appo/classic-discrete")
+    assert RunCfg(arch=ArchCfg(name="impact")).arch.worker_batch == 32
+    assert RunCfg(arch=ArchCfg(name="impact", preset="appo", worker_batch=32)).arch.worker_batch == 32
+    assert RunCfg(env=EnvCfg(id="Pendulum-v1"), arch=ArchCfg(name="impact", preset="appo")).arch.worker_batch == 50
 
 
 def test_explicit_values_win_even_when_they_equal_the_base_preset():
@@ -174,7 +183,7 @@ def test_every_table_value_cites_its_source():
     """Each entry of every table (a key with a plain or Derived value) carries `# source:` on its line."""
     source = inspect.getsource(presets)
     lines = source.splitlines()
-    tables = {"ARCH_ALGO", "BASE", "ALGO", "FAMILY", "CONTINUOUS_CONTROL", "ALGO_FAMILY", "ARCH_ALGO_FAMILY"}
+    tables = {"ARCH_ALGO", "BASE", "ALGO", "FAMILY", "CONTINUOUS_CONTROL", "ALGO_FAMILY", "PRESET_FAMILY"}
     found = set()
     uncited = []
     for node in ast.parse(source).body:
