@@ -167,13 +167,14 @@ def array_specs_from_json(rows: Iterable[Sequence[Any]]) -> tuple[ArraySpec, ...
 _PR_SET_PDEATHSIG = 1
 
 
-def die_with_parent(parent_pid: int) -> None:
-    """Have the kernel SIGKILL this process when its parent dies (Linux ``PR_SET_PDEATHSIG``; elsewhere only
-    ``parent_gone`` tells), and exit now if ``parent_pid`` has already died. A child blocked where it cannot
-    look (an env stuck in C code or in a loop, a stopped process) thus never outlives a parent killed by
-    SIGKILL. The kernel tracks the parent *thread*: the one that started this process."""
+def die_with_parent(parent_pid: int, signum: int = signal.SIGKILL) -> None:
+    """Have the kernel send ``signum`` (SIGKILL unless said) to this process when its parent dies (Linux
+    ``PR_SET_PDEATHSIG``; elsewhere only ``parent_gone`` tells), and exit now if ``parent_pid`` has already
+    died. A child blocked where it cannot look (an env stuck in C code or in a loop, a stopped process) thus
+    never outlives a parent killed by SIGKILL; SIGTERM instead lets a training run stop as on a signal. The
+    kernel tracks the parent *thread*: the one that started this process."""
     if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signum)
     if os.getppid() != parent_pid:  # it died before the signal was armed
         os._exit(1)
 

@@ -1,15 +1,22 @@
 """`conveyor bench` and `conveyor plot`: a small matrix end to end, failures recorded, suites, plots."""
 
+import contextlib
 import csv
 import dataclasses
 import importlib.util
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
 import torch
 
 from conveyor.bench import run_suite
+from conveyor.bench.child import OUTCOME_FILE, SPEC_FILE
 from conveyor.bench.report import (final_return, final_time_limits, replace_section, result_row, section_markers,
                                    seed_band, threshold_crossing, write_results)
 from conveyor.bench.suites import (LEARNING_FLAGS, PONG_STEPS, BenchRun, EnvBudget, Suite, bench_cfg, learning_suite,
@@ -84,6 +91,54 @@ def test_failed_run_is_recorded_and_the_suite_continues(tmp_path):
     table = (tmp_path / "results.md").read_text()
     assert "| paac/a2c CartPole-v1 s0 | failed: CheckpointError: no checkpoints" in table
     assert len(read_rows(tmp_path)) == 2
+
+
+def processes_running(text):
+    """Pids of the processes whose command line holds ``text`` (Linux /proc)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        with contextlib.suppress(OSError):
+            if entry.isdigit() and text.encode() in open(f"/proc/{entry}/cmdline", "rb").read():
+                pids.append(int(entry))
+    return pids
+
+
+def wait_for(condition, timeout_s, what):
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"no {what} within {timeout_s:.0f}s"
+        time.sleep(0.2)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the kernel's parent-death signal is Linux's")
+def test_a_killed_bench_parent_takes_its_child_along_and_the_run_writes_its_summary(tmp_path):
+    """The child runs in a session of its own (no Ctrl-C from the terminal): when `conveyor bench` is killed
+    outright, the kernel sends it SIGTERM, and its run stops as on any signal instead of training on alone."""
+    run_dir = tmp_path / "runs" / "long"
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import sys; from pathlib import Path; from conveyor.bench.child import execute; "
+        "from conveyor.bench.suites import BenchRun, EnvBudget, bench_cfg; "
+        "from conveyor.config import AlgoCfg, ArchCfg, EnvCfg; "
+        "budget = EnvBudget(EnvCfg(id='CartPole-v1', num_envs=4, num_workers=1), total_steps=10**9, "
+        "time_limit_s=600.0, eval_episodes=0); "
+        "cfg = bench_cfg(budget, ArchCfg(name='paac'), AlgoCfg(name='a2c'), 0, torch_threads=1); "
+        "execute(BenchRun('long', cfg, eval_episodes=0), Path(sys.argv[1]))"), str(run_dir)])
+    spec = str(run_dir / SPEC_FILE)
+    try:
+        metrics = run_dir / "metrics.csv"
+        wait_for(lambda: metrics.is_file() and len(metrics.read_text().splitlines()) >= 3, 300, "training")
+        [child] = processes_running(spec)
+    finally:
+        parent.kill()
+        parent.wait()
+    try:
+        wait_for(lambda: not processes_running(spec), 120, "exit of the orphaned child")
+    finally:  # a failure here must not leave a run of 10**9 steps behind
+        for pid in processes_running(spec):
+            os.killpg(pid, signal.SIGKILL)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stop_reason"] == "signal SIGTERM" and summary["env_steps"] < 10**9
+    assert json.loads((run_dir / OUTCOME_FILE).read_text())["status"] == "ok"
 
 
 def test_quick_suite_has_every_architecture_on_cartpole_and_step_time():

@@ -2,7 +2,10 @@
 
 The parent (``execute``) writes ``bench_spec.json`` into the run's directory
 and starts ``python -m conveyor.bench.child SPEC`` in a session of its own,
-with its output in ``bench.log``. The child (``child_main``) trains, then
+with its output in ``bench.log``. Being in a session of its own, the child gets
+no Ctrl-C from the terminal: the parent stops it (below), and a parent that is
+killed outright takes it along (the kernel sends it SIGTERM, so its run stops
+and writes its summary as on any signal). The child (``child_main``) trains, then
 evaluates its policies with the protocols of ``conveyor.evaluate``
 (``eval.json``), and writes ``outcome.json``: ``ok``, ``failed`` with a
 one-line error (the traceback goes to ``bench.log``) or ``skipped`` (a peer
@@ -27,6 +30,7 @@ from typing import Any
 from conveyor.bench.report import result_row
 from conveyor.bench.suites import BenchRun
 from conveyor.config import ConfigError, RunCfg
+from conveyor.procs import die_with_parent
 
 CHILD_MODULE = "conveyor.bench.child"
 TERMINATE_GRACE_S = 30.0
@@ -34,6 +38,7 @@ TERMINATE_GRACE_S = 30.0
 EXIT_SKIPPED = 3
 SPEC_FILE = "bench_spec.json"
 OUTCOME_FILE = "outcome.json"
+PARENT_PID_ENV = "CONVEYOR_BENCH_PARENT_PID"
 
 
 # ---- the parent side ---------------------------------------------------------------------------
@@ -55,7 +60,7 @@ def execute(run: BenchRun, run_dir: Path) -> dict[str, Any]:
     with open(run_dir / "bench.log", "w") as log_file:
         child = subprocess.Popen([sys.executable, "-m", CHILD_MODULE, str(run_dir / SPEC_FILE)],
                                  stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 start_new_session=True)
+                                 start_new_session=True, env={**os.environ, PARENT_PID_ENV: str(os.getpid())})
         try:
             returncode = child.wait(timeout=run.timeout_s)
         except subprocess.TimeoutExpired:
@@ -131,6 +136,8 @@ def child_main(spec_path: Path) -> int:
 
     run_dir = spec_path.parent
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the bench parent decides when a run stops (SIGTERM)
+    if PARENT_PID_ENV in os.environ:  # a parent killed by SIGTERM or SIGKILL cannot stop us: the kernel does
+        die_with_parent(int(os.environ[PARENT_PID_ENV]), signal.SIGTERM)
     try:
         spec = json.loads(spec_path.read_text())
         cfg = RunCfg.from_dict(spec["config"])
