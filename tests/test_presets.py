@@ -167,7 +167,8 @@ def test_presets_command_explains_a_run(capsys):
     assert lines[0] == "# seed/r2d2 on CartPole-v1 (family classic-discrete)"
     assert "algo.max_grad_norm = 40.0  explicit" in lines
     assert "arch.target_update = 100  preset(r2d2/classic-discrete)" in lines
-    assert "algo.adam_eps = 0.001  preset(r2d2)" in lines
+    assert "algo.adam_eps = 1e-05  preset(r2d2/classic-discrete)" in lines
+    assert "model.lstm_size = 64  preset(r2d2)" in lines
     assert "seed = 0  default" in lines and "arch.name = 'seed'  explicit" in lines
 
 
