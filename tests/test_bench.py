@@ -1,6 +1,5 @@
 """`conveyor bench` and `conveyor plot`: a small matrix end to end, failures recorded, suites, plots."""
 
-import contextlib
 import csv
 import dataclasses
 import importlib.util
@@ -9,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -25,6 +23,9 @@ from conveyor.cli import main
 from conveyor.config import ARCHS, AlgoCfg, ArchCfg, ConfigError, EnvCfg
 from conveyor.envs import STEP_TIME_ID
 from conveyor.plots import plot_runs, trailing_mean
+from tests.fault_env import children
+from tests.test_hung_envs import wait_for
+from tests.test_interrupt import alive
 
 torch.set_num_threads(1)
 
@@ -93,23 +94,6 @@ def test_failed_run_is_recorded_and_the_suite_continues(tmp_path):
     assert len(read_rows(tmp_path)) == 2
 
 
-def processes_running(text):
-    """Pids of the processes whose command line holds ``text`` (Linux /proc)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        with contextlib.suppress(OSError):
-            if entry.isdigit() and text.encode() in open(f"/proc/{entry}/cmdline", "rb").read():
-                pids.append(int(entry))
-    return pids
-
-
-def wait_for(condition, timeout_s, what):
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"no {what} within {timeout_s:.0f}s"
-        time.sleep(0.2)
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the kernel's parent-death signal is Linux's")
 def test_a_killed_bench_parent_takes_its_child_along_and_the_run_writes_its_summary(tmp_path):
     """The child runs in a session of its own (no Ctrl-C from the terminal): when `conveyor bench` is killed
@@ -123,19 +107,18 @@ def test_a_killed_bench_parent_takes_its_child_along_and_the_run_writes_its_summ
         "time_limit_s=600.0, eval_episodes=0); "
         "cfg = bench_cfg(budget, ArchCfg(name='paac'), AlgoCfg(name='a2c'), 0, torch_threads=1); "
         "execute(BenchRun('long', cfg, eval_episodes=0), Path(sys.argv[1]))"), str(run_dir)])
-    spec = str(run_dir / SPEC_FILE)
     try:
         metrics = run_dir / "metrics.csv"
-        wait_for(lambda: metrics.is_file() and len(metrics.read_text().splitlines()) >= 3, 300, "training")
-        [child] = processes_running(spec)
+        wait_for(lambda: metrics.is_file() and len(metrics.read_text().splitlines()) >= 3, "training", 300)
+        [child] = [pid for pid, command in children(parent.pid).items() if str(run_dir / SPEC_FILE) in command]
     finally:
         parent.kill()
         parent.wait()
     try:
-        wait_for(lambda: not processes_running(spec), 120, "exit of the orphaned child")
+        wait_for(lambda: not alive(child), "exit of the orphaned child")
     finally:  # a failure here must not leave a run of 10**9 steps behind
-        for pid in processes_running(spec):
-            os.killpg(pid, signal.SIGKILL)
+        if alive(child):
+            os.killpg(child, signal.SIGKILL)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["stop_reason"] == "signal SIGTERM" and summary["env_steps"] < 10**9
     assert json.loads((run_dir / OUTCOME_FILE).read_text())["status"] == "ok"

@@ -117,8 +117,8 @@ def run(cfg: RunCfg) -> dict[str, Any]:
             pending = run.resume_state["pending_batch"]
             if pending is not None:
                 pending = {key: value.to(learner.device) for key, value in pending.items()}
-            if pending is not None and delayed_gradient:
-                copy_params(behaviour, run.resume_state["behaviour"])
+                if delayed_gradient:
+                    copy_params(behaviour, run.resume_state["behaviour"])
         run.save_with_checkpoints(lambda: {
             "hts_rounds": rounds, "env_state": history.state(), "sampler": sampler.get_state(),
             "pending_batch": pending, "behaviour": behaviour if pending is not None else None})
