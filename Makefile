@@ -16,8 +16,13 @@ $(STAMP): pyproject.toml constraints.txt
 train: venv
 	$(BIN)/conveyor train
 
+# Two pytest workers (pytest-xdist), one test file each at a time: CI has 2 cores, and most tests wait on
+# processes they start (envs, actors, torchrun), so two files at once keep the cores busy. Module fixtures
+# (a trained run that several tests read) stay built once. TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= 2
+
 test: venv
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 test-slow: venv
 	$(BIN)/python -m pytest -q -m slow
