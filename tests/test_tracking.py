@@ -30,8 +30,10 @@ TINY_CARTPOLE = ["--env", "CartPole-v1", "--num-envs", "4", "--num-workers", "1"
 @pytest.fixture(scope="module")
 def wandb_env(tmp_path_factory):
     """Offline and silent W&B whose own files (cache, config, debug logs) stay in a temp dir; the current
-    directory is an empty temp dir, to see that nothing lands in it."""
-    pytest.importorskip("wandb")
+    directory is an empty temp dir, to see that nothing lands in it. At the end W&B's service process
+    (``wandb-core``, which outlives a run for the next one) is stopped: tests that run later in this process
+    assert that no child process is left."""
+    wandb = pytest.importorskip("wandb")
     home = tmp_path_factory.mktemp("wandb-home")
     cwd = tmp_path_factory.mktemp("cwd")
     with pytest.MonkeyPatch.context() as patch:
@@ -41,6 +43,7 @@ def wandb_env(tmp_path_factory):
             patch.setenv(f"WANDB_{name}_DIR", str(home / name.lower()))
         patch.chdir(cwd)
         yield cwd
+        wandb.teardown()
 
 
 @pytest.fixture(scope="module")
