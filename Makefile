@@ -16,13 +16,14 @@ $(STAMP): pyproject.toml constraints.txt
 train: venv
 	$(BIN)/conveyor train
 
-# Two pytest workers (pytest-xdist), one test file each at a time: CI has 2 cores, and most tests wait on
-# processes they start (envs, actors, torchrun), so two files at once keep the cores busy. Module fixtures
-# (a trained run that several tests read) stay built once. TEST_WORKERS=0 runs the suite in one process.
+# Two pytest workers (pytest-xdist): CI has 2 cores, and most tests wait on processes they start (envs, actors,
+# torchrun), so two tests at once keep the cores busy. worksteal hands out single tests and lets an idle worker
+# take the other's pending ones: whole files per worker (loadfile) left one worker idle for the last 7+ minutes
+# of a clean-clone run. A module fixture is built at most once per worker. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 
 test: venv
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
 test-slow: venv
 	$(BIN)/python -m pytest -q -m slow

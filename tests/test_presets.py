@@ -161,6 +161,14 @@ def test_presets_command_prints_the_tables(capsys):
     assert "# base" in out and "  a2c/atari:" in out and "algo.lr = 0.0007 * num_envs" in out
 
 
+def test_r2d2_keeps_seeds_adam_eps_only_for_atari_sized_td_errors():
+    """SEED's Adam eps 1e-3 is sized for Atari's value-rescaled TD errors; on CartPole and MinAtar the gradients'
+    sqrt(v) falls below it and it damps every step (BENCHMARKS.md), so those families take 1e-5."""
+    eps = {family: RunCfg(env=EnvCfg(id=FAMILY_ENVS[family]), arch=ArchCfg(name="seed"),
+                          algo=AlgoCfg(name="r2d2")).algo.adam_eps for family in ("classic-discrete", "minatar", "atari")}
+    assert eps == {"classic-discrete": 1e-5, "minatar": 1e-5, "atari": 1e-3}
+
+
 def test_presets_command_explains_a_run(capsys):
     assert main(["presets", "--arch", "seed", "--algo", "r2d2", "--env", "CartPole-v1", "--max-grad-norm", "40"]) == 0
     lines = capsys.readouterr().out.splitlines()
