@@ -333,7 +333,7 @@ ALGO_FAMILY: dict[tuple[str, str], dict[str, Any]] = {
         "algo.exploration_eps": 0.1,  # source: MinAtar paper DQN final epsilon 0.1
         "arch.target_update": 100,  # source: tuned here: as classic-discrete
         "algo.adam_eps": 1e-5,  # source: tuned here: seed/r2d2 MinAtar/Breakout-v1 at 300k: 8.7 / 7.6 (seeds 1 / 2);
-        # SEED's 1e-3: 2.55 at 279k (seed 1). The grad norm is 0.02-0.07, so 1e-3 exceeds sqrt(v), as on CartPole
+        # SEED's 1e-3: 2.55 at 279k / 0.0. The grad norm is 0.02-0.07, so 1e-3 exceeds sqrt(v), as on CartPole
     },
     ("ga3c", "atari"): {
         "env.num_envs": 32,  # source: PAAC section 5.1 n_e = 32 (GA3C acts with num_agents envs)
