@@ -55,9 +55,8 @@ def run(sde: str, seed: int, steps: int, lr_horizon: int) -> dict:
                 max_grad_norm=0.5, use_rms_prop=True, normalize_advantage=False, learning_rate=lr,
                 use_sde=sde != "off", sde_sample_freq=1 if sde == "step" else -1,
                 policy_kwargs=dict(log_std_init=-2.0, ortho_init=False), seed=seed, verbose=0)
-    start = time.perf_counter()
     model.learn(steps, callback=Curve())
-    return {"sde": sde, "seed": seed, "final": curve[-1][1], "curve": curve, "wall_s": time.perf_counter() - start}
+    return {"sde": sde, "seed": seed, "final": curve[-1][1]}
 
 
 def main() -> None:
