@@ -11,20 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fault_env import descendants
-
-
-def children_of(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry.name))
-    return found
+from tests.fault_env import children, descendants
 
 
 def alive(pid: int) -> bool:
@@ -89,7 +76,7 @@ def test_killed_worker_past_max_restarts_stops_the_run_with_one_line_and_a_check
         assert proc.poll() is None, proc.stderr.read()
         assert time.monotonic() < deadline, "the run never started logging"
         time.sleep(0.5)
-    workers = children_of(proc.pid)
+    workers = list(children(proc.pid))
     os.kill(workers[0], signal.SIGKILL)
     _, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 1

@@ -15,6 +15,7 @@ import pytest
 from conveyor.config import ConfigError, EnvCfg
 from conveyor.errors import WorkerFailure
 from conveyor.envs import ObsShapeError, episode_seed, make_env, make_vector_env
+from tests.fault_env import children
 
 # Workers import this module by name to find the counting env (gymnasium's "module:id" form).
 COUNTING_ID = "tests.test_vector:CountingTest-v0"
@@ -73,20 +74,6 @@ gym.register("CountingTest-v0", entry_point=CountingEnv)
 
 def counting_cfg(num_envs: int = 6, num_workers: int = 2, **env_args: Any) -> EnvCfg:
     return EnvCfg(id=COUNTING_ID, num_envs=num_envs, num_workers=num_workers, env_args=tuple(env_args.items()))
-
-
-def children_of(pid: int) -> list[int]:
-    children = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as stat:
-                    fields = stat.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue  # exited while we looked
-            if int(fields[1]) == pid:
-                children.append(int(entry))
-    return children
 
 
 def test_every_step_of_every_env_arrives_exactly_once_in_order():
@@ -174,15 +161,15 @@ def test_wrong_action_shape_is_refused():
 
 def test_close_leaves_no_processes_and_no_shared_memory_segments():
     segments_before = set(os.listdir("/dev/shm"))
-    children_before = set(children_of(os.getpid()))
+    children_before = set(children())
     venv = make_vector_env(counting_cfg(4, 2), 0)
     pids = venv.worker_pids
-    assert len(pids) == 2 and set(pids) <= set(children_of(os.getpid()))
+    assert len(pids) == 2 and set(pids) <= set(children())
     venv.reset()
     venv.step(np.zeros(4, int))
     venv.close()
     venv.close()
-    assert set(children_of(os.getpid())) <= children_before
+    assert set(children()) <= children_before
     assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)
     assert set(os.listdir("/dev/shm")) <= segments_before
     with pytest.raises(RuntimeError, match="closed"):
@@ -233,10 +220,10 @@ def test_observation_shape_change_is_an_error():
 
 
 def test_unknown_id_fails_before_starting_workers():
-    children_before = set(children_of(os.getpid()))
+    children_before = set(children())
     with pytest.raises(ConfigError, match="Nope-v0"):
         make_vector_env(EnvCfg(id="Nope-v0", num_envs=2, num_workers=1), 0)
-    assert set(children_of(os.getpid())) <= children_before
+    assert set(children()) <= children_before
 
 
 @pytest.mark.parametrize("backend", ["shm", "envpool"])
