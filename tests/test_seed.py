@@ -334,8 +334,8 @@ class LiveServer:
             self.server._server.add_insecure_port(self.unix_address)
         self.address = self.server.start()
 
-    def close(self):
-        self.server.close(0.5)
+    def close(self, grace_s=0.5):
+        self.server.close(grace_s)
         self.batcher.close()
 
     def crash(self):
@@ -552,7 +552,9 @@ def test_actor_reconnects_to_a_restarted_learner_and_exits_0_when_training_ends(
         # ...and a new one comes up on the same address: the actor retries with backoff and resumes.
         server = LiveServer(tmp_path, obs_shape=(4,))
         wait_until(lambda: server.stats.counters["unrolls"] >= 2, what="the actor to resume")
-        server.close()
+        # The stream ends with OK at the actor's next step (it is likely stepping its env now); 30 s of grace
+        # outlasts that on a busy machine, where 0.5 s did not (the stream was cancelled, and the actor exited 1).
+        server.close(grace_s=30)
         # A learner that finishes ends the stream with OK: the actor exits 0.
         assert proc.wait(timeout=60) == 0, proc.stderr.read()
     finally:

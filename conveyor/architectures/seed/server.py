@@ -78,6 +78,9 @@ from conveyor.architectures.seed import seed_pb2, wire
 from conveyor.architectures.seed.batcher import Batcher, EnvSteps, InferenceStats
 
 PROTOCOL_VERSION = 1
+CLOSE_GRACE_S = 5.0
+"""How long ``SeedServer.close`` lets open streams run to their next message (an actor's env step) before it
+cancels them."""
 SERVICE = "conveyor.seed.Seed"
 TOKEN_ENV = "CONVEYOR_TOKEN"
 AUTH_KEY = "authorization"
@@ -311,8 +314,13 @@ class SeedServer:
         self._watchdog.start()
         return self.address
 
-    def close(self, grace_s: float = 1.0) -> None:
-        """End every stream with OK (actors take it as 'training finished') and stop serving."""
+    def close(self, grace_s: float = CLOSE_GRACE_S) -> None:
+        """End every stream with OK (actors take it as 'training finished') and stop serving.
+
+        A stream ends with OK at its next message: at once for a step waiting for actions, after the actor's
+        env step for one whose actor is stepping. A stream still open ``grace_s`` after the call is cancelled,
+        and its actor takes that for a lost learner (it retries, then exits 1), so the grace must outlast an
+        actor's env step on a busy machine; streams that end sooner do not make the learner wait."""
         self._closing.set()
         self._server.stop(grace_s).wait(grace_s + 5.0)
         if self._watchdog is not None:
