@@ -203,10 +203,9 @@ ALGO_FAMILY: dict[tuple[str, str], dict[str, Any]] = {
     ("a2c", "atari"): {
         "algo.lr": Derived("0.0007 * num_envs",  # source: PAAC section 5.1: alpha = 0.0007 * n_e (0.0224 at 32)
                            lambda c: 0.0007 * c.env.num_envs),
-        # source: PAAC section 5.1: RMSProp epsilon 0.1 (with its n_e-scaled lr). The authors' code (Alfredvc/paac)
-        # adds it inside the square root (TF1) to a loss t_max = 5 times the mean, so with small gradients this
-        # takes 0.63x their step; unchanged until measured on Pong (BENCHMARKS.md "paac/a2c on Pong for 2.6M").
-        "algo.rmsprop_eps": 0.1,
+        # The authors' code (Alfredvc/paac) adds eps inside the square root (TF1) to a loss t_max = 5 times the
+        # mean, so with small gradients this takes 0.63x their step: unchanged until measured on Pong (BENCHMARKS.md).
+        "algo.rmsprop_eps": 0.1,  # source: PAAC section 5.1: RMSProp epsilon 0.1 (with its n_e-scaled lr)
     },
     ("a2c", "classic-discrete"): {
         "algo.lr": 2e-3,  # source: tuned here: `conveyor train` solves CartPole-v1 in ~170k steps (README, paac)
