@@ -9,7 +9,10 @@ of wall time. SPS counts env steps over the training loop's time (the time split
 - ``steptime``: conveyor/StepTime-v0, each env step sleeping an exponential 1 ms (a simulator elsewhere);
 - ``cartpole``: CartPole-v1 with the MLP (env steps and forwards both cost microseconds).
 
+``--envs``, ``--workers`` and ``--device`` change the layout and the learner's device for every setting.
+
     .venv/bin/python benchmarks/paac_overlap.py --seconds 25 --pong-seconds 45 --repeats 3
+    python benchmarks/paac_overlap.py --settings pong --device cuda --envs 64 --workers 16 --repeats 1   # GPU
 """
 
 from __future__ import annotations
@@ -23,22 +26,22 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+
 import conveyor
 from conveyor.config import AlgoCfg, ArchCfg, EnvCfg, ModelCfg, RunCfg
 
-NUM_ENVS, WORKERS, UNROLL = 16, 2, 5
-SETTINGS = {
-    "pong": (EnvCfg(id="ALE/Pong-v5", num_envs=NUM_ENVS, num_workers=WORKERS), ModelCfg(name="nature_cnn")),
-    "steptime": (EnvCfg(id="conveyor/StepTime-v0", num_envs=NUM_ENVS, num_workers=WORKERS), ModelCfg()),
-    "cartpole": (EnvCfg(id="CartPole-v1", num_envs=NUM_ENVS, num_workers=WORKERS), ModelCfg()),
-}
+UNROLL = 5
+SETTINGS = {"pong": ("ALE/Pong-v5", "nature_cnn"), "steptime": ("conveyor/StepTime-v0", None),  # None: the preset's
+            "cartpole": ("CartPole-v1", None)}
 
 
-def measure(setting: str, groups: int, seconds: float, seed: int) -> dict:
-    env, model = SETTINGS[setting]
+def measure(setting: str, groups: int, seconds: float, seed: int, args: argparse.Namespace) -> dict:
+    env_id, model = SETTINGS[setting]
     with tempfile.TemporaryDirectory() as out:
-        cfg = RunCfg(env=env, model=model, algo=AlgoCfg(name="a2c"), arch=ArchCfg(name="paac", unroll=UNROLL,
-                                                                                   env_groups=groups),
+        cfg = RunCfg(env=EnvCfg(id=env_id, num_envs=args.envs, num_workers=args.workers),
+                     model=ModelCfg(name=model), algo=AlgoCfg(name="a2c"),
+                     arch=ArchCfg(name="paac", unroll=UNROLL, env_groups=groups), device=args.device,
                      total_steps=10**9, time_limit_s=seconds, target_return=float("inf"), seed=seed, out=out,
                      progress=False, log_interval_s=seconds)
         summary = conveyor.train(cfg)
@@ -58,6 +61,9 @@ def main() -> None:
                         help="wall time of each pong run (start-up takes ~10 s of it, an update ~0.3 s)")
     parser.add_argument("--repeats", type=int, default=3, help="off/on pairs per setting")
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    parser.add_argument("--envs", type=int, default=16)
+    parser.add_argument("--workers", type=int, default=2, help="env worker processes")
+    parser.add_argument("--device", default="cpu", help="learner device (cpu, cuda)")
     parser.add_argument("--out", default="benchmarks/results/paac_overlap.json")
     args = parser.parse_args()
 
@@ -66,7 +72,7 @@ def main() -> None:
         for repeat in range(args.repeats):
             for groups in (1, 2):
                 seconds = args.pong_seconds if setting == "pong" else args.seconds
-                row = {"repeat": repeat, **measure(setting, groups, seconds, seed=repeat)}
+                row = {"repeat": repeat, **measure(setting, groups, seconds, repeat, args)}
                 rows.append(row)
                 print(f"{setting} env_groups={groups} repeat {repeat}: {row['sps']:.0f} SPS {row['time_split']}",
                       flush=True)
@@ -75,9 +81,10 @@ def main() -> None:
         median = {groups: statistics.median(r["sps"] for r in rows if r["setting"] == setting
                                             and r["env_groups"] == groups) for groups in (1, 2)}
         table.append({"setting": setting, "sps_off": median[1], "sps_on": median[2], "ratio": median[2] / median[1]})
+    device = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "cpu"
     result = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-              "seconds": args.seconds, "pong_seconds": args.pong_seconds, "repeats": args.repeats,
-              "num_envs": NUM_ENVS, "num_workers": WORKERS, "unroll": UNROLL, "rows": rows, "table": table}
+              "device": device, "seconds": args.seconds, "pong_seconds": args.pong_seconds, "repeats": args.repeats,
+              "num_envs": args.envs, "num_workers": args.workers, "unroll": UNROLL, "rows": rows, "table": table}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print("\n| setting | SPS, groups off (median) | SPS, groups on (median) | on / off |")

@@ -6,16 +6,21 @@ stable-baselines3 with SubprocVecEnv + VecFrameStack. Each runs for the same
 env-step budget, alternating (conveyor, sb3, conveyor, sb3, ...) so that
 machine noise hits both; SPS counts env steps over the training wall time
 (start-up excluded for both; conveyor's
-SPS with start-up included is reported too). Prints a Markdown table and writes JSON.
+SPS with start-up included is reported too). The ratio is the median of the
+pairs' conveyor / SB3 ratios. ``--device cuda`` puts both learners on the GPU.
+Prints a Markdown table and writes JSON.
 
-    .venv/bin/python benchmarks/paac_vs_sb3_pong.py --steps 20000 --repeats 2
+    .venv/bin/python benchmarks/paac_vs_sb3_pong.py --steps 20000 --repeats 3
+    python benchmarks/paac_vs_sb3_pong.py --device cuda --workers 8 --steps 40000   # GPU machine, 16 cores
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -23,16 +28,16 @@ from pathlib import Path
 import conveyor
 from conveyor.config import AlgoCfg, ArchCfg, EnvCfg, ModelCfg, RunCfg
 
-NUM_ENVS = 16
 UNROLL = 5
 
 
-def conveyor_sps(steps: int, workers: int, backend: str) -> dict:
+def conveyor_sps(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as out:
         cfg = RunCfg(
-            env=EnvCfg(id="ALE/Pong-v5", num_envs=NUM_ENVS, num_workers=workers, backend=backend),
-            model=ModelCfg(name="nature_cnn"), algo=AlgoCfg(name="a2c"), arch=ArchCfg(name="paac", unroll=UNROLL),
-            total_steps=steps, target_return=float("inf"), out=out, progress=False,
+            env=EnvCfg(id="ALE/Pong-v5", num_envs=args.envs, num_workers=args.workers, backend=args.backend),
+            model=ModelCfg(name="nature_cnn"), algo=AlgoCfg(name="a2c"),
+            arch=ArchCfg(name="paac", unroll=UNROLL, env_groups=args.env_groups),
+            total_steps=args.steps, target_return=float("inf"), out=out, progress=False, device=args.device,
         )
         summary = conveyor.train(cfg)
     split = summary["time_split"]
@@ -43,7 +48,7 @@ def conveyor_sps(steps: int, workers: int, backend: str) -> dict:
             "time_split": {k: round(v, 2) for k, v in split.items()}}
 
 
-def sb3_sps(steps: int) -> dict:
+def sb3_sps(args: argparse.Namespace) -> dict:
     import ale_py
     import gymnasium as gym
     from stable_baselines3 import A2C
@@ -52,23 +57,26 @@ def sb3_sps(steps: int) -> dict:
 
     gym.register_envs(ale_py)
     # fork: the workers inherit the ALE registration (a spawned worker would not have it).
-    env = make_atari_env("ALE/Pong-v5", n_envs=NUM_ENVS, seed=0, vec_env_cls=SubprocVecEnv,
+    env = make_atari_env("ALE/Pong-v5", n_envs=args.envs, seed=0, vec_env_cls=SubprocVecEnv,
                          vec_env_kwargs={"start_method": "fork"},
                          env_kwargs={"frameskip": 1, "repeat_action_probability": 0.25})
     env = VecFrameStack(env, n_stack=4)
-    model = A2C("CnnPolicy", env, n_steps=UNROLL, device="cpu", verbose=0, seed=0)
+    model = A2C("CnnPolicy", env, n_steps=UNROLL, device=args.device, verbose=0, seed=0)
     start = time.perf_counter()
-    model.learn(total_timesteps=steps)
+    model.learn(total_timesteps=args.steps)
     wall = time.perf_counter() - start
     env.close()
-    return {"sps": steps / wall, "wall_time_s": wall}
+    return {"sps": args.steps / wall, "wall_time_s": wall}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20000, help="env steps per run")
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3, help="alternating conveyor / SB3 pairs")
+    parser.add_argument("--envs", type=int, default=16, help="envs of both")
     parser.add_argument("--workers", type=int, default=2, help="conveyor env worker processes")
+    parser.add_argument("--device", default="cpu", help="both learners' device (cpu, cuda)")
+    parser.add_argument("--env-groups", type=int, default=1, help="conveyor PAAC's env groups (--env-groups)")
     parser.add_argument("--backend", default="shm", choices=["shm", "envpool"])
     parser.add_argument("--out", default="benchmarks/results/paac_vs_sb3_pong.json")
     args = parser.parse_args()
@@ -76,13 +84,17 @@ def main() -> None:
     rows: list[dict] = []
     for repeat in range(args.repeats):
         rows.append({"framework": f"conveyor paac a2c ({args.backend})", "repeat": repeat,
-                     **conveyor_sps(args.steps, args.workers, args.backend)})
-        rows.append({"framework": "stable-baselines3 a2c", "repeat": repeat, **sb3_sps(args.steps)})
+                     **conveyor_sps(args)})
+        rows.append({"framework": "stable-baselines3 a2c", "repeat": repeat, **sb3_sps(args)})
     ours = [r["sps"] for r in rows if r["framework"].startswith("conveyor")]
     theirs = [r["sps"] for r in rows if r["framework"].startswith("stable")]
-    ratio = (sum(ours) / len(ours)) / (sum(theirs) / len(theirs))
-    result = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores",
-              "steps": args.steps, "num_envs": NUM_ENVS, "unroll": UNROLL, "rows": rows, "ratio": ratio}
+    ratio = statistics.median(a / b for a, b in zip(ours, theirs))
+    import torch
+
+    device = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "cpu"
+    result = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+              "device": device, "torch": torch.__version__, "steps": args.steps, "num_envs": args.envs,
+              "workers": args.workers, "env_groups": args.env_groups, "unroll": UNROLL, "rows": rows, "ratio": ratio}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print("| framework | repeat | SPS (training) | training s | SPS incl. start-up | time split (s) |")
@@ -91,7 +103,7 @@ def main() -> None:
         with_startup = f"{r['sps_with_startup']:.0f}" if "sps_with_startup" in r else "-"
         print(f"| {r['framework']} | {r['repeat']} | {r['sps']:.0f} | {r['wall_time_s']:.1f} | {with_startup} | "
               f"{r.get('time_split', '')} |")
-    print(f"\nconveyor / stable-baselines3 SPS ratio: {ratio:.2f}")
+    print(f"\nconveyor / stable-baselines3 SPS ratio (median of {args.repeats} pairs, {device}): {ratio:.2f}")
 
 
 if __name__ == "__main__":

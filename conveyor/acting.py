@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from conveyor.models.heads import ModelOut
 from conveyor.storage.schema import STATE_KEYS
+from conveyor.transfer import to_device
 
 
 class CoreInputs(NamedTuple):
@@ -192,13 +193,13 @@ def step_targets(model: nn.Module | None, rewards: np.ndarray, terminated: np.nd
     computes it in a fixed-size batch, so a row's value does not depend on which rows were
     cut; SEED's needs each env's recurrent state).
     """
-    reward = torch.as_tensor(rewards, dtype=torch.float32, device=device).clone()
-    discount = gamma * (1.0 - torch.as_tensor(terminated, dtype=torch.float32, device=device))
+    reward = to_device(torch.as_tensor(rewards, dtype=torch.float32).clone(), device)  # the caller's array stays
+    discount = gamma * (1.0 - to_device(terminated, device, torch.float32))
     cut = np.flatnonzero(truncated & ~terminated)
     if len(cut):
         if final_values is None:
             rows = None if core is None else core.rows(torch.as_tensor(cut))
-            final_values = values_of(model, torch.as_tensor(final_obs[cut], device=device), rows)
+            final_values = values_of(model, to_device(final_obs[cut], device), rows)
         else:
             final_values = final_values[cut]
         reward[cut] += gamma * final_values.float()

@@ -46,6 +46,7 @@ from conveyor.envs import env_spaces, make_env
 from conveyor.evaluate import EVAL_EPSILON, load_run_config, model_for_checkpoint
 from conveyor.learner import CheckpointError, checkpoint_name, load_checkpoint, load_latest_checkpoint
 from conveyor.models import ModelOut
+from conveyor.transfer import to_device
 
 
 class RecurrentState(NamedTuple):
@@ -173,7 +174,7 @@ class Policy:
         whose episodes end at different steps)."""
         if state is None:
             return None
-        keep = torch.as_tensor(~np.asarray(starts, dtype=bool), device=self.device)
+        keep = to_device(~np.asarray(starts, dtype=bool), self.device)
         actions = keep.view(-1, *([1] * (state.prev_action.dim() - 1)))
         return RecurrentState(state.h * keep.view(1, -1, 1), state.c * keep.view(1, -1, 1),
                               state.prev_action * actions)
@@ -191,7 +192,7 @@ class Policy:
                              f"[B, {', '.join(map(str, shape))}]: pass observations of policy.make_env()")
         if array.dtype != self.observation_space.dtype:
             array = array.astype(self.observation_space.dtype)
-        return torch.as_tensor(array, device=self.device), single
+        return to_device(array, self.device), single
 
     @torch.no_grad()
     def act(self, obs: Any, state: RecurrentState | None = None, deterministic: bool = False,

@@ -13,8 +13,10 @@ import torch
 
 import conveyor
 from conveyor.config import AlgoCfg, ArchCfg, EnvCfg, ModelCfg, RunCfg
+from conveyor.acting import policy_step, step_targets
 from conveyor.learner import load_latest_checkpoint
 from conveyor.models import make_model
+from conveyor.transfer import to_device
 from tests.test_telemetry import NORMALIZED, RUNS
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a cuda device")
@@ -56,3 +58,33 @@ def test_sampling_with_a_cpu_generator_serves_a_cuda_model():
         on_cuda = model.cuda()(obs.cuda()).sample(generator=torch.Generator().manual_seed(0))
         assert on_cuda.device.type == "cuda"
         torch.testing.assert_close(on_cuda.cpu(), on_cpu, atol=1e-5, rtol=0)
+
+
+def test_to_device_copies_what_the_array_held_at_the_call():
+    data = np.arange(1 << 22, dtype=np.float32)
+    torch.cuda._sleep(10**8)  # queued GPU work: the copy waits behind it, the host does not
+    on_gpu = to_device(data, "cuda")
+    data[:] = -1.0  # the caller reuses its buffer (a shared-memory obs slot) at once
+    assert on_gpu.device.type == "cuda" and torch.equal(on_gpu.cpu(), torch.arange(1 << 22, dtype=torch.float32))
+
+
+def test_an_acting_step_waits_for_the_gpu_only_to_read_the_actions():
+    """Observations, rewards and the sampler's draw go to the GPU without a host sync (docs/design.md "GPU data
+    path"); ``torch.cuda.set_sync_debug_mode("error")`` raises at any synchronizing call."""
+    obs_space = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    model = make_model(RunCfg(model=ModelCfg(name="nature_cnn")).model, obs_space, gym.spaces.Discrete(6)).cuda()
+    rng = np.random.default_rng(0)
+    obs = rng.integers(0, 256, (8, 4, 84, 84), dtype=np.uint8)
+    rewards, done = rng.normal(size=8).astype(np.float32), np.zeros(8, bool)
+    generator = torch.Generator().manual_seed(0)
+    policy_step(model, to_device(obs, "cuda"), generator)  # warm-up: cuDNN picks its kernels
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        act = policy_step(model, to_device(obs, "cuda"), generator, keep_graph=True)
+        reward, discount = step_targets(model, rewards, done, done, None, 0.99, "cuda")
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert act.actions.cpu().shape == (8,)
+    torch.testing.assert_close(reward.cpu(), torch.from_numpy(rewards))
+    assert discount.cpu().tolist() == [pytest.approx(0.99)] * 8

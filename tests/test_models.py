@@ -7,6 +7,7 @@ import torch
 
 from conveyor.config import ConfigError, ModelCfg
 from conveyor.models import Categorical, DiagGaussian, make_model
+from conveyor.transfer import to_device
 
 IMAGE = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
 VECTOR = gym.spaces.Box(-1, 1, (6,), np.float32)
@@ -206,3 +207,12 @@ def test_sampling_draws_from_the_generator_on_its_own_device(space):
         noise = torch.randn((1, 4, 3), generator=torch.Generator().manual_seed(3))
         mean, log_std = out.params.chunk(2, dim=-1)
         torch.testing.assert_close(actions, mean + noise * log_std.exp())
+
+
+def test_to_device_on_the_cpu_is_as_tensor():
+    shared = np.arange(6, dtype=np.float32)
+    as_is = to_device(shared, "cpu")
+    shared[0] = 7.0  # same dtype on the CPU: the tensor is a view of the array, as torch.as_tensor gives
+    assert as_is[0].item() == 7.0 and as_is.dtype == torch.float32
+    converted = to_device(np.array([True, False]), torch.device("cpu"), torch.float32)
+    assert converted.tolist() == [1.0, 0.0]

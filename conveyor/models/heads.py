@@ -20,12 +20,14 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
+from conveyor.transfer import to_device
+
 
 def _draw(draw: Callable[..., Tensor], shape: torch.Size, generator: torch.Generator | None, like: Tensor) -> Tensor:
     """``draw`` (``torch.rand``/``torch.randn``) of ``shape`` from ``generator`` on its own device, on ``like``'s
     device and dtype."""
     device = like.device if generator is None else generator.device
-    return draw(shape, generator=generator, device=device, dtype=like.dtype).to(like.device)
+    return to_device(draw(shape, generator=generator, device=device, dtype=like.dtype), like.device)
 
 
 class Categorical:

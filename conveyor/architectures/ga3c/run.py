@@ -61,6 +61,7 @@ from conveyor.errors import WorkerFailure
 from conveyor.models import make_model
 from conveyor.run import Run
 from conveyor.storage.schema import RolloutSchema
+from conveyor.transfer import to_device
 
 MAX_THREADS = 8
 """Most predictor and trainer threads autotune may choose."""
@@ -74,7 +75,7 @@ def training_batch(model: nn.Module, seg: dict[str, np.ndarray], gamma: float,
     """
     targets = [step_targets(model, seg["env_rewards"][t], seg["terminated"][t], seg["truncated"][t],
                             seg["final_obs"][t], gamma, device) for t in range(len(seg["env_rewards"]))]
-    batch = {name: torch.from_numpy(seg[name]).to(device)
+    batch = {name: to_device(seg[name], device)
              for name in ("obs", "actions", "behaviour_logp", "behaviour_value", "policy_version")}
     batch["rewards"] = torch.stack([reward for reward, _ in targets])
     batch["discounts"] = torch.stack([discount for _, discount in targets])
@@ -107,7 +108,7 @@ def run(cfg: RunCfg) -> dict[str, Any]:
                 if not len(ids):
                     continue
                 with run.timer("act"):
-                    obs = torch.from_numpy(channels["obs"][ids]).to(device)
+                    obs = to_device(channels["obs"][ids], device)
                     with params_lock:
                         version = learner.version
                         act = policy_step(model, obs, generator)

@@ -25,6 +25,7 @@ from conveyor.envs.history import EnvHistory
 from conveyor.learner import Learner
 from conveyor.storage.double import DoubleStorage
 from conveyor.telemetry import Telemetry
+from conveyor.transfer import to_device
 from conveyor.architectures.hts.state_buffer import StateBuffer
 
 POLL_S = 0.1
@@ -174,11 +175,11 @@ class Actors:
             cut = truncated & ~terminated
             if cut.any():
                 finals[ending[cut]] = buffer.final_obs[ending[cut]]
-        out = model(torch.from_numpy(inputs).to(device).unsqueeze(0))
+        out = model(to_device(inputs, device).unsqueeze(0))
         value = out.value[0].cpu().numpy()
         if len(acting):
-            uniform = torch.from_numpy(buffer.uniform[acting]).to(device)
-            params = out.params[0][torch.from_numpy(acting).to(device)]
+            uniform = to_device(buffer.uniform[acting], device)
+            params = out.params[0][to_device(acting, device)]
             actions = out.policy.sample(params, uniform)
             logp = out.policy.log_prob(params, actions).cpu().numpy()
             actions = actions.cpu().numpy()
@@ -186,7 +187,7 @@ class Actors:
                 buffer.send_actions(acting, actions)
         if len(ending):
             if cut.any():  # the truncation bootstrap, V(final_obs) from a fixed-size forward
-                final_values = values_of(model, torch.from_numpy(finals).to(device))
+                final_values = values_of(model, to_device(finals, device))
                 final_values = final_values.cpu()[torch.from_numpy(ending)]
                 rewards, discounts = step_targets(model, reward, terminated, truncated, None, self.gamma, "cpu",
                                                   final_values)

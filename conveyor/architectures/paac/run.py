@@ -59,6 +59,7 @@ from conveyor.models import ModelOut, make_model
 from conveyor.run import Run
 from conveyor.storage.rollout import ROLLOUT_FIELDS, RolloutStorage
 from conveyor.storage.schema import RolloutSchema
+from conveyor.transfer import to_device
 
 
 def run(cfg: RunCfg) -> dict[str, Any]:
@@ -86,7 +87,7 @@ def run(cfg: RunCfg) -> dict[str, Any]:
         # Each group's rows of all envs (every rank's): it samples them from the draw for the whole batch.
         whole = run.dist is not None or len(groups) > 1
         rows = [(run.env_offset + group.envs.start, cfg.env.num_envs) if whole else None for group in groups]
-        first_obs = torch.as_tensor(venv.reset(), device=device)
+        first_obs = to_device(venv.reset(), device)
         obs = [first_obs[group.envs] for group in groups]  # each group's observations to act on
         acts: list[Any] = [None] * len(groups)
         while not run.should_stop():
@@ -114,7 +115,7 @@ def run(cfg: RunCfg) -> dict[str, Any]:
                 if step.restarted.any():
                     storage.drop_step(t, torch.as_tensor(np.flatnonzero(step.restarted) + group.envs.start,
                                                          device=device))
-                obs[g] = torch.as_tensor(step.obs, device=device)  # a new tensor: A2C's graph keeps the old
+                obs[g] = to_device(step.obs, device)  # a new tensor: A2C's graph keeps the old
                 episode_returns[group.envs] = step.episode_return
                 if g == len(groups) - 1:  # step t of every env is in
                     run.record_episodes(episode_returns.copy())

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The checks that need a GPU machine (one cuda device, 16 cores), in one pass that fits a short lease:
+#   cuda-tests   tests/test_cuda.py: every architecture trains on cuda and resumes on either device; an acting
+#                step's only host sync is reading the actions;
+#   paac-vs-sb3  PAAC vs stable-baselines3 A2C on Pong at 16 envs, both learners on cuda (issue 19: >= 3x);
+#   env-limit-32, env-limit-64   every architecture's Pong SPS against the env limit, learners on cuda;
+#   paac-128     PAAC at 128 envs (with the two above: the best n_e / n_w);
+#   overlap-16, overlap-64       PAAC env groups off and on, on cuda (is --env-groups 2 faster there?);
+#   profile      a torch.profiler profile of PAAC's Pong step on cuda.
+# Each step has its own time limit and a failure does not stop the next. Results land where the CPU runs'
+# do (benchmarks/results/, the marked sections of BENCHMARKS.md); the log and a tarball of both go to $1,
+# the tarball after every step. GPU_CHECKS="cuda-tests profile" runs only the steps named (default: all).
+#
+#   benchmarks/gpu_checks.sh OUTDIR
+#
+# The machine needs torch with cuda plus this project's dependencies; where it cannot download, carry wheels
+# and put them on PYTHONPATH before calling (the device README's recipe). About 7 minutes on an H200.
+set -uo pipefail
+out=${1:?usage: benchmarks/gpu_checks.sh OUTDIR}
+mkdir -p "$out"
+log="$out/gpu_checks.log"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+py=${PYTHON:-python3}
+only=" ${GPU_CHECKS:-} "
+
+step() {  # step SECONDS NAME COMMAND...: run it under a time limit, log its output and its exit status
+    local limit=$1 name=$2; shift 2
+    [[ "$only" == "  " || "$only" == *" $name "* ]] || return 0
+    echo "=== $name ($(date -u +%T), limit ${limit}s): $*" | tee -a "$log"
+    local start=$SECONDS
+    timeout -k 10 "$limit" "$@" 2>&1 | grep -v -e '^A.L.E: Arcade' -e 'Powered by Stella' | tee -a "$log"
+    echo "=== $name: exit ${PIPESTATUS[0]} after $((SECONDS - start)) s" | tee -a "$log"
+    tar czf "$out/results.tgz" BENCHMARKS.md benchmarks/results
+}
+
+bench=(--device cuda --seconds 8 --startup-s 10 --repeats 1 --out /tmp/env-limit)
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee -a "$log"
+step 120 cuda-tests "$py" -m pytest tests/test_cuda.py -q -n 4 -p no:cacheprovider
+step 110 paac-vs-sb3 "$py" benchmarks/paac_vs_sb3_pong.py --device cuda --workers 8 --steps 24000 --repeats 3 \
+    --out benchmarks/results/paac_vs_sb3_pong_cuda.json
+step 150 env-limit-32 "$py" benchmarks/env_limit.py "${bench[@]}" --envs 32 --workers 8 --section env-limit-cuda-32
+step 150 env-limit-64 "$py" benchmarks/env_limit.py "${bench[@]}" --envs 64 --workers 16 --section env-limit-cuda-64
+step 60 paac-128 "$py" benchmarks/env_limit.py "${bench[@]}" --envs 128 --workers 16 --archs paac \
+    --section env-limit-cuda-128
+for layout in "16 16" "64 16"; do
+    set -- $layout
+    step 80 "overlap-$1" "$py" benchmarks/paac_overlap.py --settings pong --device cuda --envs "$1" --workers "$2" \
+        --pong-seconds 20 --repeats 1 --out "benchmarks/results/paac_overlap_cuda_$1.json"
+done
+step 60 profile "$py" benchmarks/profile_pong_step.py --device cuda --envs 32 --workers 8 --steps 20000

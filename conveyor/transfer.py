@@ -1,0 +1,35 @@
+"""Host-to-device copies that leave the host free.
+
+``tensor.to("cuda")`` from ordinary (pageable) host memory makes the host wait for the GPU: PyTorch
+synchronizes the stream after such a copy. An acting loop that moves observations, rewards and random draws to
+the GPU each step would wait there several times a step, when the only wait a step needs is for the actions it
+hands to the envs. ``to_device`` stages the data in pinned (page-locked) host memory and copies from there
+without waiting; PyTorch's caching host allocator keeps the staging block until the copy has run, so the caller
+may overwrite its array at once.
+
+The staging copy is numpy's, on the calling thread. torch's own CPU copy spreads a large array over its
+intra-op threads, and while env workers hold the cores those threads wait their turn: on an H200 machine's 16
+cores with 16 env workers, staging a 32-env Pong observation batch with ``pin_memory()`` took ~0.9 ms a step;
+on this project's 2-core machine under load, torch's copy of that batch took 650 us, numpy's 106 us.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+
+def to_device(data: np.ndarray | Tensor, device: torch.device | str, dtype: torch.dtype | None = None) -> Tensor:
+    """``data`` on ``device``, as ``dtype`` when given.
+
+    From host memory to a cuda device: a new tensor, its copy queued behind the GPU's work without the host
+    waiting for it. Otherwise ``torch.as_tensor(data, dtype).to(device)``, which shares ``data``'s memory where it
+    can (a numpy array of the dtype, on the CPU).
+    """
+    tensor = torch.as_tensor(data, dtype=dtype)
+    if torch.device(device).type != "cuda" or tensor.device.type != "cpu":
+        return tensor.to(device)
+    staged = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    np.copyto(staged.numpy(), tensor.numpy())
+    return staged.to(device, non_blocking=True)
