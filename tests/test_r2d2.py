@@ -413,6 +413,7 @@ def test_replay_that_cannot_fit_memory_exits_2_with_the_bytes_needed(capsys, tmp
 
 # ---- end to end -------------------------------------------------------------------------------
 
+@pytest.mark.slow  # 30-60 s; make test runs R2D2 end to end in test_replay.py and test_telemetry.py
 def test_seed_r2d2_learns_cartpole(tmp_path):
     """`conveyor train --arch seed --algo r2d2` on CartPole with two local actor processes.
 

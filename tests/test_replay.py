@@ -229,6 +229,8 @@ def test_a_resumed_r2d2_run_restores_its_replay_and_sampler(tmp_path):
                  out=str(tmp_path / "run"), seed=0)
     summary = run_architecture(cfg)
     assert summary["updates"] > 0
+    # Every replayed step's acting version is in the lag histogram: updates x batch 8 x sequence length 10.
+    assert sum(summary["policy_lag"]["histogram"].values()) == summary["updates"] * 8 * 10
     _, saved = load_latest_checkpoint(tmp_path / "run")
     assert saved["replay"]["inserted"] > 10 and saved["replay_sampled"] > 0
     resumed_cfg = dataclasses.replace(cfg, resume=str(tmp_path / "run"), out=str(tmp_path / "resumed"))
