@@ -99,14 +99,15 @@ def test_explicit_values_win_even_when_they_equal_the_base_preset():
 
 
 def test_derived_values_see_the_resolved_config():
-    """PAAC A2C on Atari: lr = 0.0007 * n_e with RMSProp eps 0.1 (PAAC section 5.1), n_e explicit or preset."""
+    """IMPACT's target interval is N * K of the resolved arch, whichever of the two were given or preset."""
+    impact = RunCfg(arch=ArchCfg(name="impact"))
+    assert impact.arch.target_update == impact.arch.buffer_batches * impact.arch.replay_times
+    given = RunCfg(arch=ArchCfg(name="impact", buffer_batches=3, replay_times=5))
+    assert given.arch.target_update == 15 and given.preset_sources["arch.target_update"] == "base"
+    # A2C on Atari: HTS-RL's lr and RMSProp eps with PAAC's n_e (PAAC's own lr / eps pair stalled Pong).
     pong = RunCfg(env=EnvCfg(id="ALE/Pong-v5"))
     assert (pong.env.num_envs, pong.algo.lr, pong.algo.optimizer, pong.algo.rmsprop_eps) == (
-        32, pytest.approx(0.0224), "rmsprop", 0.1)
-    assert RunCfg(env=EnvCfg(id="ALE/Pong-v5", num_envs=16, num_workers=8)).algo.lr == pytest.approx(0.0112)
-    # Elsewhere eps 0.1 never comes with an unscaled learning rate: V-trace on Atari uses Adam.
-    vtrace = RunCfg(env=EnvCfg(id="ALE/Pong-v5"), arch=ArchCfg(name="seed"))
-    assert vtrace.algo.optimizer == "adam"
+        32, 7e-4, "rmsprop", 1e-5)
 
 
 def test_python_api_gets_the_preset():
@@ -158,7 +159,7 @@ def test_resolved_config_round_trips_as_explicit_values(cfg):
 def test_presets_command_prints_the_tables(capsys):
     assert main(["presets"]) == 0
     out = capsys.readouterr().out
-    assert "# base" in out and "  a2c/atari:" in out and "algo.lr = 0.0007 * num_envs" in out
+    assert "# base" in out and "  a2c/atari:" in out and "arch.target_update = buffer_batches * replay_times" in out
 
 
 def test_r2d2_keeps_seeds_adam_eps_only_for_atari_sized_td_errors():
