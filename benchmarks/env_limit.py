@@ -88,13 +88,9 @@ def train_sps(arch: str, args: argparse.Namespace) -> dict[str, Any]:
     return {"sps": steady_sps(run_dir / "metrics.csv"), "split": summary["time_split_fraction"]}
 
 
-def device_name(device: str) -> str:
-    import torch
-
-    return torch.cuda.get_device_name(device) if device.startswith("cuda") else "CPU"
-
-
 def markdown(rows: list[dict[str, Any]], command: str, args: argparse.Namespace, load: float) -> str:
+    from conveyor.bench import device_name
+
     def num(value: Any, digits: int) -> str:
         return "-" if not isinstance(value, (int, float)) or value != value else f"{value:,.{digits}f}"
 

@@ -26,9 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
-
 import conveyor
+from conveyor.bench import device_name
 from conveyor.config import AlgoCfg, ArchCfg, EnvCfg, ModelCfg, RunCfg
 
 UNROLL = 5
@@ -81,7 +80,7 @@ def main() -> None:
         median = {groups: statistics.median(r["sps"] for r in rows if r["setting"] == setting
                                             and r["env_groups"] == groups) for groups in (1, 2)}
         table.append({"setting": setting, "sps_off": median[1], "sps_on": median[2], "ratio": median[2] / median[1]})
-    device = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "cpu"
+    device = device_name(args.device)
     result = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
               "device": device, "seconds": args.seconds, "pong_seconds": args.pong_seconds, "repeats": args.repeats,
               "num_envs": args.envs, "num_workers": args.workers, "unroll": UNROLL, "rows": rows, "table": table}

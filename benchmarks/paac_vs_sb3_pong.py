@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import conveyor
+from conveyor.bench import device_name
 from conveyor.config import AlgoCfg, ArchCfg, EnvCfg, ModelCfg, RunCfg
 
 UNROLL = 5
@@ -91,7 +92,7 @@ def main() -> None:
     ratio = statistics.median(a / b for a, b in zip(ours, theirs))
     import torch
 
-    device = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "cpu"
+    device = device_name(args.device)
     result = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
               "device": device, "torch": torch.__version__, "steps": args.steps, "num_envs": args.envs,
               "workers": args.workers, "env_groups": args.env_groups, "unroll": UNROLL, "rows": rows, "ratio": ratio}

@@ -25,6 +25,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import conveyor
+from conveyor.bench import device_name
 from conveyor.config import AlgoCfg, ArchCfg, EnvCfg, ModelCfg, RunCfg
 
 REGIONS = ("env", "act", "learn")
@@ -49,7 +50,7 @@ def main() -> None:
             summary = conveyor.train(cfg)
     events = prof.key_averages()
     steps = summary["env_steps"]
-    device = torch.cuda.get_device_name(args.device) if on_cuda else "CPU"
+    device = device_name(args.device)
     lines = [
         f"Command: benchmarks/profile_pong_step.py --device {args.device} --envs {args.envs} --workers "
         f"{args.workers} --steps {args.steps}",

@@ -29,11 +29,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from conveyor.bench.report import publish_results, row_line, update_markdown_section, write_csv, write_results
+from conveyor.bench.report import device_name, publish_results, row_line, update_markdown_section, write_csv, write_results
 from conveyor.bench.suites import SUITES, Suite, learning_suite
 from conveyor.config import ConfigError
 
-__all__ = ["add_arguments", "main", "publish_results", "run_suite", "update_markdown_section", "write_csv"]
+__all__ = ["add_arguments", "device_name", "main", "publish_results", "run_suite", "update_markdown_section", "write_csv"]
 
 
 def run_suite(suite: Suite, out_dir: Path | str, *, log: Callable[[str], None] = print,

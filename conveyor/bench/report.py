@@ -164,6 +164,13 @@ def update_markdown_section(path: Path, section: str, body: str) -> None:
     path.write_text(replace_section(text, section, body))
 
 
+def device_name(device: str) -> str:
+    """What a benchmark's learner ran on, for its table: the GPU's name for a cuda device, else "CPU"."""
+    import torch
+
+    return torch.cuda.get_device_name(device) if device.startswith("cuda") else "CPU"
+
+
 def publish_results(root: Path, section: str, rows: Sequence[dict[str, Any]], table: str,
                     markdown: bool = True) -> None:
     """What a ``benchmarks/*.py`` script leaves: ``rows`` in ``benchmarks/results/<section>.csv`` (``-`` as
