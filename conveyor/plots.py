@@ -18,7 +18,7 @@ import argparse
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -56,6 +56,22 @@ def load_run(run_dir: Path | str, label: str | None = None) -> RunData | None:
     return RunData(run_dir, label or run_label(summary), str(summary.get("env", "?")), summary, curve)
 
 
+def distinct_labels(runs: Sequence[RunData]) -> list[RunData]:
+    """``runs`` with each label that several runs share suffixed by the run's directory, so that two runs of
+    the same arch/algo/seed (say, one flag apart) get two legend entries instead of two lines under one name."""
+    groups: dict[str, list[Path]] = {}
+    for run in runs:
+        groups.setdefault(run.label, []).append(run.directory)
+    suffix = {}
+    for label, directories in groups.items():
+        names = [d.resolve().name for d in directories]
+        if len(directories) > 1:  # the folder's name, else (two folders of one name) its whole path
+            unique = len(set(names)) == len(names)
+            suffix.update({(label, d): name if unique else str(d) for d, name in zip(directories, names)})
+    return [replace(run, label=f"{run.label} ({suffix[run.label, run.directory]})")
+            if (run.label, run.directory) in suffix else run for run in runs]
+
+
 def trailing_mean(values: np.ndarray, window: int = SMOOTHING_EPISODES) -> np.ndarray:
     """Mean of the last ``window`` values at each position (fewer at the start)."""
     sums = np.cumsum(np.concatenate([[0.0], values]))
@@ -83,6 +99,7 @@ def plot_runs(run_dirs: Sequence[Path | str], out_dir: Path | str, labels: Seque
             if (run := load_run(d, labels[i] if labels else None)) is not None]
     if not runs:
         return []
+    runs = distinct_labels(runs)
     plt = _pyplot()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -209,6 +209,10 @@ def _connect(address: str, num_cpus: int, log: Path) -> Any:
         except OSError as error:
             raise ConfigError(f"cannot reach a Ray cluster at {address} ({error.strerror or error}): start one "
                               "with `ray start --head`, or pass --ray-address local") from None
+        if not _speaks_grpc(address):
+            raise ConfigError(f"{address} accepts connections but is not a Ray cluster's GCS port (no gRPC answer "
+                              f"in {GCS_PROBE_S:g} s): pass the head's GCS port, 6379 unless `ray start --head "
+                              "--port` said otherwise (not the dashboard's 8265 or the Ray Client's 10001)")
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": "warning",
                               "configure_logging": False}
     if address == "local":
@@ -222,6 +226,28 @@ def _connect(address: str, num_cpus: int, log: Path) -> Any:
     except Exception as error:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError, its own types
         raise ConfigError(f"{_connect_error(address, error)} (Ray's log: {log})") from None
     return ray
+
+
+GCS_PROBE_S = 5.0
+"""How long a --ray-address may take to finish a gRPC handshake (a live GCS answers in milliseconds)."""
+
+
+def _speaks_grpc(address: str) -> bool:
+    """Whether ``address`` completes an HTTP/2 (gRPC) handshake within ``GCS_PROBE_S``: a port that is open but
+    is not Ray's GCS (the dashboard, some other server) would otherwise keep ``ray.init`` retrying for about
+    half a minute before its error. Not probed when Ray talks TLS (``RAY_USE_TLS``): a plain channel cannot tell."""
+    if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+        return True
+    import grpc
+
+    channel = grpc.insecure_channel(address)
+    try:
+        grpc.channel_ready_future(channel).result(timeout=GCS_PROBE_S)
+        return True
+    except grpc.FutureTimeoutError:
+        return False
+    finally:
+        channel.close()
 
 
 @contextlib.contextmanager

@@ -22,7 +22,7 @@ from conveyor.bench.suites import (LEARNING_FLAGS, PONG_STEPS, BenchRun, EnvBudg
 from conveyor.cli import main
 from conveyor.config import ARCHS, AlgoCfg, ArchCfg, ConfigError, EnvCfg
 from conveyor.envs import STEP_TIME_ID
-from conveyor.plots import plot_runs, trailing_mean
+from conveyor.plots import distinct_labels, load_run, plot_runs, trailing_mean
 from tests.fault_env import children
 from tests.test_hung_envs import wait_for
 from tests.test_interrupt import alive
@@ -179,6 +179,17 @@ def test_plot_produces_pngs(tmp_path, capsys):
     assert main(["plot", str(tmp_path / "failed")]) == 2
 
 
+def test_plot_labels_tell_apart_runs_of_the_same_arch_algo_seed(tmp_path):
+    for name in ("lr1e-3", "lr3e-4", "other"):
+        write_fake_run(tmp_path / name, "paac" if name != "other" else "hts", "CartPole-v1", [0], 5000.0)
+    write_fake_run(tmp_path / "x" / "run", "ga3c", "CartPole-v1", [0], 5000.0)
+    write_fake_run(tmp_path / "y" / "run", "ga3c", "CartPole-v1", [0], 5000.0)
+    dirs = [tmp_path / name for name in ("lr1e-3", "lr3e-4", "other", "x/run", "y/run")]
+    labels = [run.label for run in distinct_labels([load_run(d) for d in dirs])]
+    assert labels == ["paac/a2c s0 (lr1e-3)", "paac/a2c s0 (lr3e-4)", "hts/a2c s0",
+                      f"ga3c/a2c s0 ({tmp_path / 'x/run'})", f"ga3c/a2c s0 ({tmp_path / 'y/run'})"]
+
+
 def test_trailing_mean_matches_a_loop():
     values = np.arange(250, dtype=float)
     expected = [values[max(0, i - 99): i + 1].mean() for i in range(250)]
@@ -207,9 +218,10 @@ def test_learning_suite_is_issue_15s_matrix_with_only_the_allowed_flags():
                                                           "hts/ppo"}
     assert labels_on(suite, "Pendulum-v1") == {"paac/ppo", "hts/ppo", "impact/impact", "seed/vtrace"}
     assert labels_on(suite, "HalfCheetah-v5") == {"paac/ppo", "impact/impact"}
-    for env_id in ("MinAtar/Breakout-v1", "MinAtar/SpaceInvaders-v1", "ALE/Pong-v5"):
-        assert labels_on(suite, env_id) == discrete
-    assert len(suite.runs) == 31 * 3 and {run.cfg.seed for run in suite.runs} == {1, 2, 3}
+    for env_id in ("MinAtar/Breakout-v1", "MinAtar/SpaceInvaders-v1"):
+        assert labels_on(suite, env_id) == discrete | {"seed/r2d2"}
+    assert labels_on(suite, "ALE/Pong-v5") == discrete
+    assert len(suite.runs) == 33 * 3 and {run.cfg.seed for run in suite.runs} == {1, 2, 3}
     for run in suite.runs:
         # Each run is a user's `conveyor train` line: the presets chose everything else.
         assert set(run.flags[::2]) <= LEARNING_FLAGS and "--env" in run.flags and "--total-steps" in run.flags

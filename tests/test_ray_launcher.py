@@ -7,6 +7,7 @@ loopback (``ray_launcher``); the two-node cluster runs inside a private network 
 
 from __future__ import annotations
 
+import concurrent.futures
 import importlib.util
 import json
 import os
@@ -121,6 +122,34 @@ def test_an_unreachable_cluster_fails_fast_with_one_line(tmp_path):
     assert result.returncode == 2 and "Traceback" not in result.stderr
     (line,) = error_lines(result.stderr)
     assert "127.0.0.1:9" in line and "ray start --head" in line
+
+
+@needs_ray
+def test_an_open_port_that_is_not_a_ray_gcs_fails_with_the_fix(tmp_path):
+    """The dashboard's HTTP port (a usual mistake) is refused by a gRPC handshake, not by ray.init's retries;
+    a gRPC server passes that probe."""
+    import http.server
+    import threading
+
+    import grpc
+
+    from conveyor.config import ConfigError
+    from conveyor.ray_launcher import _connect, _speaks_grpc
+
+    http_server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    threading.Thread(target=http_server.serve_forever, daemon=True).start()
+    grpc_server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=1))
+    grpc_port = grpc_server.add_insecure_port("127.0.0.1:0")
+    grpc_server.start()
+    try:
+        address = f"127.0.0.1:{http_server.server_address[1]}"
+        with pytest.raises(ConfigError, match="is not a Ray cluster's GCS port") as refused:
+            _connect(address, num_cpus=1, log=tmp_path / "ray-init.log")
+        assert address in str(refused.value) and "6379" in str(refused.value)
+        assert _speaks_grpc(f"127.0.0.1:{grpc_port}")
+    finally:
+        http_server.shutdown()
+        grpc_server.stop(None)
 
 
 # ---- a local Ray: placement, restarts, the restart limit -------------------------------------------

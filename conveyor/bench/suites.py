@@ -181,6 +181,8 @@ def peers_suite(seeds: Sequence[int] = (0,)) -> Suite:
 # Each discrete-action architecture with its own algorithm (MinAtar, Pong).
 DISCRETE_RUNS = (("paac", "a2c", ""), ("ga3c", "ga3c", ""), ("seed", "vtrace", ""), ("impact", "impact", ""),
                  ("hts", "a2c", ""))
+# MinAtar adds SEED's R2D2 (its Atari agent); on Pong a CPU affords it too few updates (BENCHMARKS.md).
+MINATAR_RUNS = (*DISCRETE_RUNS, ("seed", "r2d2", ""))
 HOUR = 3600.0
 # Pong's budget depends on the hardware: what a GPU learner gets through in a few hours, else a CPU's share.
 PONG_STEPS = {"cpu": 2_000_000, "cuda": 10_000_000}
@@ -193,8 +195,8 @@ LEARNING_ENVS = (
         ("paac", "ppo", ""), ("hts", "ppo", ""), ("impact", "impact", ""), ("seed", "vtrace", ""))),
     LearningEnv("HalfCheetah-v5", 1_000_000, 1500.0, 3 * HOUR, package="mujoco", runs=(
         ("paac", "ppo", ""), ("impact", "impact", ""))),
-    LearningEnv("MinAtar/Breakout-v1", 1_000_000, None, 3 * HOUR, package="minatar", runs=DISCRETE_RUNS),
-    LearningEnv("MinAtar/SpaceInvaders-v1", 1_000_000, None, 3 * HOUR, package="minatar", runs=DISCRETE_RUNS),
+    LearningEnv("MinAtar/Breakout-v1", 1_000_000, None, 3 * HOUR, package="minatar", runs=MINATAR_RUNS),
+    LearningEnv("MinAtar/SpaceInvaders-v1", 1_000_000, None, 3 * HOUR, package="minatar", runs=MINATAR_RUNS),
     LearningEnv("ALE/Pong-v5", PONG_STEPS["cpu"], None, 6 * HOUR, package="ale_py", runs=DISCRETE_RUNS),
 )
 QUICK_ENVS = ("CartPole-v1",)
