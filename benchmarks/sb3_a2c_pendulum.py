@@ -31,7 +31,8 @@ N_ENVS, N_STEPS, LR = 8, 8, 7e-4
 REPORT_EVERY = 25_000
 
 
-def run(sde: str, seed: int, steps: int, lr_horizon: int) -> dict:
+def run(sde: str, seed: int, steps: int, lr_horizon: int, *, ortho_init: bool = False, gae_lambda: float = 0.9,
+        vf_coef: float = 0.4) -> dict:
     from stable_baselines3 import A2C
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
@@ -51,10 +52,10 @@ def run(sde: str, seed: int, steps: int, lr_horizon: int) -> dict:
         return LR * (1.0 - (1.0 - progress_remaining) * steps / lr_horizon)
 
     env = VecNormalize(make_vec_env("Pendulum-v1", n_envs=N_ENVS, seed=seed), gamma=0.9)
-    model = A2C("MlpPolicy", env, n_steps=N_STEPS, gamma=0.9, gae_lambda=0.9, vf_coef=0.4, ent_coef=0.0,
+    model = A2C("MlpPolicy", env, n_steps=N_STEPS, gamma=0.9, gae_lambda=gae_lambda, vf_coef=vf_coef, ent_coef=0.0,
                 max_grad_norm=0.5, use_rms_prop=True, normalize_advantage=False, learning_rate=lr,
                 use_sde=sde != "off", sde_sample_freq=1 if sde == "step" else -1,
-                policy_kwargs=dict(log_std_init=-2.0, ortho_init=False), seed=seed, verbose=0)
+                policy_kwargs=dict(log_std_init=-2.0, ortho_init=ortho_init), seed=seed, verbose=0)
     model.learn(steps, callback=Curve())
     return {"sde": sde, "seed": seed, "final": curve[-1][1]}
 
@@ -65,11 +66,17 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     parser.add_argument("--steps", type=int, default=300_000)
     parser.add_argument("--lr-horizon", type=int, default=1_000_000, help="rl-zoo's n_timesteps (the lr schedule)")
+    # One part of the recipe changed at a time, towards conveyor's choices (BENCHMARKS.md, 2026-11-26):
+    parser.add_argument("--ortho-init", action="store_true", help="orthogonal init, as conveyor (rl-zoo: off)")
+    parser.add_argument("--gae-lambda", type=float, default=0.9, help="1.0: n-step returns, as conveyor's A2C")
+    parser.add_argument("--vf-coef", type=float, default=0.4, help="0.2: conveyor's 0.5 x MSE at rl-zoo's 0.4")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    rows = [run(sde, seed, args.steps, args.lr_horizon) for sde in args.sde for seed in args.seeds]
+    rows = [run(sde, seed, args.steps, args.lr_horizon, ortho_init=args.ortho_init, gae_lambda=args.gae_lambda,
+                vf_coef=args.vf_coef) for sde in args.sde for seed in args.seeds]
     print(f"\nMachine: {platform.machine()}, {platform.python_version()}; {time.strftime('%Y-%m-%d')}; "
-          f"SB3 A2C on Pendulum-v1, {args.steps:,} steps\n")
+          f"SB3 A2C on Pendulum-v1, {args.steps:,} steps; ortho init {args.ortho_init}, GAE lambda "
+          f"{args.gae_lambda:g}, vf_coef {args.vf_coef:g}\n")
     print("| gSDE noise | seeds | return (last 100) at the end, per seed | mean ± std |")
     print("|---|---|---|---|")
     for sde in args.sde:
