@@ -84,6 +84,21 @@ class Telemetry:
             self.restarts = int(state.get("restarts", 0))
             self.dropped_steps = int(state.get("dropped_steps", 0))
             self.returns.extend(state.get("recent_returns", []))
+            self.return_curve[:0] = self._curve_before(self.env_steps)
+
+    def _curve_before(self, env_steps: int) -> list[tuple[int, float, float]]:
+        """The episodes the run's ``returns.csv`` holds up to ``env_steps`` (the checkpoint's): ``write_summary``
+        rewrites the file, so a resumed run carries its earlier segments' episodes over (their wall times are
+        those of their own segment). Later rows are episodes the resumed run steps again."""
+        path = self.out_dir / "returns.csv"
+        rows = path.read_text().splitlines()[1:] if self.files and path.is_file() else []
+        if not any(row.strip() for row in rows):
+            return []
+        try:
+            curve = np.loadtxt(rows, delimiter=",", ndmin=2).reshape(-1, 3)
+        except ValueError:  # a file cut short (a crash while it was written) costs its curve, not the resume
+            return []
+        return [(int(steps), float(wall), float(ret)) for steps, wall, ret in curve if steps <= env_steps]
 
     def saved_counters(self) -> dict[str, Any]:
         """What a checkpoint keeps of the telemetry (``resume_from`` reads it back)."""

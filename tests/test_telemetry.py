@@ -62,6 +62,24 @@ def test_a_resumed_run_appends_under_the_same_header(tmp_path):
     assert [row["loss/kl"] for row in rows] == ["", "0.1"]
 
 
+def test_a_resumed_run_keeps_the_episodes_of_its_earlier_segments_in_returns_csv(tmp_path):
+    first = Telemetry(tmp_path, tensorboard=False, progress=False)
+    for steps, episode_return in ((100, 1.0), (200, 2.0), (300, 3.0)):
+        first.add_steps(100)
+        first.add_episodes(np.array([episode_return, np.nan]))
+    checkpoint = first.saved_counters() | {"env_steps": 200}  # saved at 200: episode 3 is stepped again
+    first.write_summary(first.summary())
+    first.close()
+    resumed = Telemetry(tmp_path, tensorboard=False, progress=False)
+    resumed.resume_from(checkpoint)
+    resumed.add_steps(100)
+    resumed.add_episodes(np.array([np.nan, 4.0]))
+    resumed.write_summary(resumed.summary())
+    resumed.close()
+    curve = np.loadtxt(tmp_path / "returns.csv", delimiter=",", skiprows=1, ndmin=2)
+    assert curve[:, 0].tolist() == [100, 200, 300] and curve[:, 2].tolist() == [1.0, 2.0, 4.0]
+
+
 def test_a_file_with_several_header_blocks_is_made_one_table(tmp_path):
     # As conveyor wrote metrics.csv before its schema was fixed: a new header block where a key appeared.
     (tmp_path / "metrics.csv").write_text("env_steps,sps\n1,5.0\nenv_steps,sps,lag_mean\n2,6.0,0.5\n")
