@@ -48,12 +48,17 @@ def load_run(run_dir: Path | str, label: str | None = None) -> RunData | None:
     if not summary_file.is_file():
         return None
     summary = json.loads(summary_file.read_text())
-    returns_file = run_dir / "returns.csv"
-    curve = np.zeros((0, 3))
-    rows = returns_file.read_text().splitlines()[1:] if returns_file.is_file() else []
-    if any(row.strip() for row in rows):
-        curve = np.loadtxt(rows, delimiter=",", ndmin=2).reshape(-1, 3)
+    curve = read_returns(run_dir / "returns.csv")
     return RunData(run_dir, label or run_label(summary), str(summary.get("env", "?")), summary, curve)
+
+
+def read_returns(path: Path) -> np.ndarray:
+    """A ``returns.csv`` (``Telemetry.write_summary``) as ``[episodes, 3]``: env_steps, wall_time_s, return;
+    no rows when the file is missing or holds only its header. A malformed file raises ValueError."""
+    rows = path.read_text().splitlines()[1:] if path.is_file() else []
+    if not any(row.strip() for row in rows):
+        return np.zeros((0, 3))
+    return np.loadtxt(rows, delimiter=",", ndmin=2).reshape(-1, 3)
 
 
 def distinct_labels(runs: Sequence[RunData]) -> list[RunData]:

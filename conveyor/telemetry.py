@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from conveyor.files import atomic_write
+from conveyor.plots import read_returns
 
 # The time-split buckets every architecture reports (PAAC paper fig. 2).
 TIME_BUCKETS = ("env", "act", "learn", "wait")
@@ -78,24 +79,24 @@ class Telemetry:
     def resume_from(self, state: dict[str, Any]) -> None:
         """Continue the counters a checkpoint saved (``saved_counters()``; its last-100 returns stop a run at its
         target); SPS counts only the steps taken from here."""
+        env_steps = int(state.get("env_steps", 0))
+        earlier = self._curve_before(env_steps)  # read before taking the lock: file I/O
         with self._lock:
-            self.env_steps = self._start_steps = self._last_log_steps = int(state.get("env_steps", 0))
+            self.env_steps = self._start_steps = self._last_log_steps = env_steps
             self.episodes = int(state.get("episodes", 0))
             self.restarts = int(state.get("restarts", 0))
             self.dropped_steps = int(state.get("dropped_steps", 0))
             self.returns.extend(state.get("recent_returns", []))
-            self.return_curve[:0] = self._curve_before(self.env_steps)
+            self.return_curve[:0] = earlier
 
     def _curve_before(self, env_steps: int) -> list[tuple[int, float, float]]:
         """The episodes the run's ``returns.csv`` holds up to ``env_steps`` (the checkpoint's): ``write_summary``
         rewrites the file, so a resumed run carries its earlier segments' episodes over (their wall times are
         those of their own segment). Later rows are episodes the resumed run steps again."""
-        path = self.out_dir / "returns.csv"
-        rows = path.read_text().splitlines()[1:] if self.files and path.is_file() else []
-        if not any(row.strip() for row in rows):
+        if not self.files:
             return []
         try:
-            curve = np.loadtxt(rows, delimiter=",", ndmin=2).reshape(-1, 3)
+            curve = read_returns(self.out_dir / "returns.csv")
         except ValueError:  # a file cut short (a crash while it was written) costs its curve, not the resume
             return []
         return [(int(steps), float(wall), float(ret)) for steps, wall, ret in curve if steps <= env_steps]
