@@ -63,11 +63,69 @@ def forward_step(model: nn.Module, obs: Tensor, core: CoreInputs | None = None) 
                  core.prev_reward.to(device).unsqueeze(0))
 
 
+class GsdeNoise:
+    """gSDE's exploration noise (Raffin et al. 2022, "Smooth Exploration for Robotic Reinforcement Learning",
+    section 3), kept by whatever acts for a set of envs (``ModelCfg.gsde``).
+
+    Env ``e`` acts ``mean(s) + phi(s) @ (sigma * N)``: ``phi(s)`` the model's features (``ModelOut.features``),
+    sigma the acting model's ``exp(log_std)`` ``[F, A]`` and ``N`` ``[F, A]`` unit normals held for ``interval``
+    steps of that env: the ``k``-th matrix of env ``e`` (its steps ``k * interval ..``) is drawn from a generator
+    seeded by ``(*seed, e, k)`` alone, so the actions do not depend on how envs are batched, which thread or
+    process acts, or on the order of requests. Given the state, the action is Gaussian with mean ``mean(s)``
+    and variance ``phi(s)^2 @ sigma^2``, the distribution whose log-prob the model's ``params`` give.
+
+    ``actions(model, params, features, envs)`` counts a step of each env in ``envs``; HTS passes the step
+    indices itself (``steps``). ``steps_state``/``load_steps`` keep the counts in a checkpoint.
+    """
+
+    def __init__(self, seed: int | tuple[int, ...], interval: int) -> None:
+        self.seed = tuple(int(s) for s in seed) if isinstance(seed, tuple) else (int(seed),)
+        self.interval = int(interval)
+        self._steps: dict[int, int] = {}  # env -> steps counted
+        self._drawn: dict[int, tuple[int, Tensor]] = {}  # env -> (k, its unit normals [F, A])
+
+    def unit_normals(self, envs: np.ndarray, steps: np.ndarray, shape: tuple[int, int]) -> Tensor:
+        """The unit normals ``[B, F, A]`` that env ``envs[i]`` acts with at its step ``steps[i]``."""
+        rows = []
+        for env, step in zip(np.asarray(envs).tolist(), np.asarray(steps).tolist()):
+            k = step // self.interval
+            drawn = self._drawn.get(env)
+            if drawn is None or drawn[0] != k:
+                normals = np.random.default_rng((*self.seed, env, k)).standard_normal(shape, dtype=np.float32)
+                drawn = self._drawn[env] = (k, torch.from_numpy(normals))
+            rows.append(drawn[1])
+        return torch.stack(rows)
+
+    def actions(self, model: nn.Module, params: Tensor, features: Tensor, envs: Any,
+                steps: np.ndarray | None = None) -> Tensor:
+        """Actions ``[B, A]`` for one step of ``envs`` ``[B]`` from the policy ``params`` ``[B, 2A]`` and the
+        ``features`` ``[B, F]`` of ``model``'s output; ``steps`` ``[B]``: each env's step index (None: the
+        count kept here, advanced by one)."""
+        envs = np.asarray(envs, dtype=np.int64).reshape(-1)
+        if steps is None:
+            steps = np.array([self._steps.get(env, 0) for env in envs.tolist()], dtype=np.int64)
+            for env, step in zip(envs.tolist(), steps.tolist()):
+                self._steps[env] = step + 1
+        sigma = model.log_std.detach().exp()
+        noise = to_device(self.unit_normals(envs, steps, tuple(sigma.shape)), sigma.device) * sigma
+        # elementwise product and sum, not a batched matmul: a row's numbers do not depend on the batch
+        return model.policy.mode(params) + (features.unsqueeze(-1) * noise).sum(1)
+
+    def steps_state(self) -> dict[int, int]:
+        """Each env's step count, for a checkpoint."""
+        return dict(self._steps)
+
+    def load_steps(self, steps: dict[int, int]) -> None:
+        """Continue the step counts of ``steps_state`` (a resumed run)."""
+        self._steps = {int(env): int(step) for env, step in steps.items()}
+
+
 def policy_step(model: nn.Module, obs: Tensor, generator: torch.Generator | None = None,
                 uniform: Tensor | None = None, keep_graph: bool = False, core: CoreInputs | None = None,
-                rows: tuple[int, int] | None = None) -> Action:
+                rows: tuple[int, int] | None = None, gsde: GsdeNoise | None = None, envs: Any = None) -> Action:
     """One forward on ``obs [B, ...]`` (with ``core``, a recurrent model's other inputs); sample actions (by
-    inverse CDF when ``uniform`` is given).
+    inverse CDF when ``uniform`` is given; a gSDE model's from ``gsde``'s noise of ``envs`` ``[B]``, the
+    acting envs' indices).
 
     ``keep_graph`` returns the output ``[1, B, ...]`` with its autograd graph, so a learner whose
     parameters do not change during the rollout (PAAC A2C) can backpropagate through the acting
@@ -80,7 +138,11 @@ def policy_step(model: nn.Module, obs: Tensor, generator: torch.Generator | None
     with torch.set_grad_enabled(keep_graph):
         out = forward_step(model, obs, core)
     params, value = out.params[0].detach(), out.value[0].detach()
-    if rows is None:
+    if out.features is not None:
+        if gsde is None:
+            raise ValueError("a gSDE model acts with its envs' noise: pass gsde= and envs= to policy_step")
+        actions = gsde.actions(model, params, out.features[0], envs)
+    elif rows is None:
         actions = out.policy.sample(params, uniform, generator)
     else:
         first, total = rows

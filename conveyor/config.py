@@ -39,6 +39,7 @@ from conveyor.presets import IMPACT_PRESETS, is_atari_id, is_minatar_id
 ARCHS = ("paac", "ga3c", "seed", "impact", "hts")
 ALGOS = ("a2c", "ppo", "vtrace", "impact", "r2d2", "ga3c")
 MODELS = ("auto", "mlp", "nips_cnn", "nature_cnn", "impala_resnet", "minatar_cnn")
+WEIGHT_INITS = ("orthogonal", "torch")
 ENV_BACKENDS = ("shm", "envpool")
 LAUNCHERS = ("process", "ray")
 RAY_STRATEGIES = ("pack", "spread", "strict_spread")
@@ -220,7 +221,19 @@ class ModelCfg:
     """Give the value head its own encoder (same architecture) instead of sharing the policy's; no LSTM core."""
     log_std_init: float | None = None
     """Initial log standard deviation of a Gaussian policy (continuous actions; a learned parameter per action
-    dimension, independent of the observation)."""
+    dimension, independent of the observation). With ``gsde``, the initial log of every entry of sigma."""
+    weight_init: str | None = None
+    """How the built-in encoders' and the heads' linear and conv layers start: ``orthogonal`` (gain sqrt 2 in
+    the encoder, 0.01 on the policy head, 1 on the value head; zero biases), or ``torch``: PyTorch's default
+    (uniform, scaled by fan-in) as SB3 with ``ortho_init=False``. An encoder of your own keeps its own init."""
+    gsde: bool | None = None
+    """Generalized state-dependent exploration (Raffin et al. 2022; continuous actions only): the policy's std
+    depends on the state, std(s)^2 = phi(s)^2 @ sigma^2 with phi(s) the policy trunk's features (no gradient
+    into them) and sigma ``[features, A]`` learned; acting adds phi(s) @ W with one matrix W ~ N(0, sigma^2) per
+    env, held for ``gsde_interval`` steps of that env, so exploration is smooth in time instead of white noise."""
+    gsde_interval: int | None = None
+    """With ``gsde``: the env steps each env keeps its noise matrix W before drawing a new one (SB3's
+    ``sde_sample_freq``; its on-policy default draws once per rollout)."""
 
     def __post_init__(self) -> None:
         if callable(self.name):  # a class or factory given in Python: kept as its import path (config.json is JSON)
@@ -231,6 +244,8 @@ class ModelCfg:
             check_ref(self.name, f"--model {self.name!r}")
         else:
             _choice("model", self.name, MODELS, " (or MODULE:CLASS, an encoder of your own)")
+        _choice("weight_init", self.weight_init, WEIGHT_INITS)
+        _positive(self, "gsde_interval")
         if self.hidden is not None and (not self.hidden or any(h <= 0 for h in self.hidden)):
             raise ConfigError(f"hidden sizes must be positive, got {self.hidden}")
         _non_negative(self, "lstm_size")
@@ -584,8 +599,14 @@ def _known(cls: type, data: dict[str, Any], prefix: str) -> None:
                           "config.json")
 
 
+ADDED_FIELDS: dict[str, dict[str, Any]] = {"model": {"weight_init": "orthogonal", "gsde": False}}
+"""What a run whose ``config.json`` predates a field ran with (``read_config_file`` fills them in): such a run
+resumes and loads as it was trained, whatever the presets pick today."""
+
+
 def read_config_file(path: Path | str) -> dict[str, Any]:
-    """A run's ``config.json`` as ``RunCfg.from_dict`` takes it; a ConfigError names what is wrong with the file."""
+    """A run's ``config.json`` as ``RunCfg.from_dict`` takes it, with the ``ADDED_FIELDS`` it predates; a
+    ConfigError names what is wrong with the file."""
     path = Path(path)
     try:
         data = json.loads(path.read_text())
@@ -595,6 +616,8 @@ def read_config_file(path: Path | str) -> dict[str, Any]:
     if not isinstance(data, dict) or not all(isinstance(data.get(name, {}), dict) for name in sections):
         raise ConfigError(f"{path} is not a conveyor config (a JSON object with the sections "
                           f"{', '.join(sections)}): restore it, or start a new run")
+    for section, fields in ADDED_FIELDS.items():
+        data[section] = {**fields, **data.get(section, {})}
     return data
 
 

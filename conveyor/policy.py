@@ -21,7 +21,9 @@ ready for ``env.step`` (a numpy integer, or a float32 vector clipped to the
 action bounds; a batch gives a batch), and the recurrent state to pass back
 with the next observation (None for feed-forward models). ``state=None``
 starts an episode. Actor-critic policies sample their distribution (or take
-its mode: argmax logits, the Gaussian mean, with ``deterministic``); Q heads
+its mode: argmax logits, the Gaussian mean, with ``deterministic``; a gSDE
+policy samples its state-dependent Gaussian afresh each step, as its
+training log-probs score it, without per-env noise matrices); Q heads
 (R2D2) act greedily, with exploration ``conveyor.evaluate.EVAL_EPSILON`` unless
 ``deterministic``. A recurrent core also reads the previous action (kept in
 the state: the action as the policy chose it, a continuous one before

@@ -96,6 +96,9 @@ BASE: dict[str, Any] = {
     "model.normalize_obs": False,  # source: PAAC, IMPALA, SEED feed raw observations
     "model.separate_value_net": False,  # source: one trunk, two heads (A3C, Mnih et al. 2016; PAAC)
     "model.log_std_init": -0.5,  # source: tuned here: the Pendulum and HalfCheetah rows of BENCHMARKS.md (SB3: 0.0)
+    "model.weight_init": "orthogonal",  # source: CleanRL ppo.py / SB3 ortho_init (gains sqrt 2, 0.01, 1)
+    "model.gsde": False,  # source: PAAC, GA3C, IMPALA, IMPACT, HTS-RL explore with a state-independent std
+    "model.gsde_interval": 8,  # source: rl-zoo a2c.yml Pendulum-v1 n_steps 8: SB3 draws W once per rollout
     "algo.gamma": 0.99,  # source: PAAC section 5.1, GA3C, IMPALA, IMPACT table 1
     "algo.lr": 3e-4,  # source: CleanRL ppo_continuous_action.py learning_rate (every algorithm sets its own)
     "algo.lr_schedule": "constant",  # source: PAAC section 5.1, GA3C, SEED table 8, IMPACT table 1: a fixed lr
@@ -262,11 +265,20 @@ ALGO_FAMILY: dict[tuple[str, str], dict[str, Any]] = {
         "arch.batch_size": 16,  # source: tuned here: with unroll 5, 80 steps per update as PAAC's 16 x 5
         "algo.lr": 2e-3,  # source: tuned here: README seed example (--optimizer adam --lr 0.002)
     },
-    ("vtrace", "classic-continuous"): {
+    ("vtrace", "classic-continuous"): {  # rl-zoo's A2C recipe for Pendulum-v1 (a2c.yml): V-trace on 8-step unrolls
+        # is A2C's n-step return with importance weights, and it learns only with gSDE and PyTorch's default init
+        # (seed/vtrace Pendulum-v1 at 300k, seeds 1-3: -243/-282/-249; Adam 1e-3, unroll 20, no gSDE: ~-1000;
+        # SB3 A2C with orthogonal init: -1023; BENCHMARKS.md "seed/vtrace on Pendulum")
         **CONTINUOUS_CONTROL,
-        "env.num_envs": 8,  # source: tuned here: as on classic-discrete (2 local actors x 8 envs)
+        "env.num_envs": 8,  # source: rl-zoo a2c.yml Pendulum-v1 n_envs 8 (here 2 local actors x 8 envs)
         "arch.batch_size": 8,  # source: tuned here: as on classic-discrete
-        "algo.lr": 1e-3,  # source: rl-zoo ppo.yml Pendulum-v1 learning_rate 1e-3
+        "arch.unroll": 8,  # source: rl-zoo a2c.yml Pendulum-v1 n_steps 8
+        "model.gsde": True,  # source: rl-zoo a2c.yml Pendulum-v1 use_sde True
+        "model.weight_init": "torch",  # source: rl-zoo a2c.yml Pendulum-v1 ortho_init False
+        "model.log_std_init": -2.0,  # source: rl-zoo a2c.yml Pendulum-v1 log_std_init -2
+        "algo.optimizer": "rmsprop",  # source: rl-zoo a2c.yml Pendulum-v1 use_rms_prop True (eps 1e-5, BASE)
+        "algo.lr": 7e-4,  # source: rl-zoo a2c.yml Pendulum-v1 learning_rate lin_7e-4 (constant here)
+        "algo.value_coef": 0.4,  # source: rl-zoo a2c.yml Pendulum-v1 vf_coef 0.4
     },
     ("vtrace", "mujoco"): {
         **CONTINUOUS_CONTROL,

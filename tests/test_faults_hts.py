@@ -42,10 +42,15 @@ def test_killed_executor_past_max_restarts_stops_the_run(monkeypatch, tmp_path):
     assert not children()
 
 
-# PPO makes 16 optimizer steps per batch, so fewer batches cover the same checkpoint/resume path.
-@pytest.mark.parametrize("algo,total_steps,split_at", [("a2c", 8_000, 3_000), ("ppo", 3_000, 1_200)])
-def test_resumed_run_reaches_the_same_parameters_as_an_uninterrupted_one(tmp_path, algo, total_steps, split_at):
-    cfg = RunCfg(env=EnvCfg(id="CartPole-v1", num_envs=8, num_workers=2), model=ModelCfg(hidden=(32, 32)),
+# PPO makes 16 optimizer steps per batch, so fewer batches cover the same checkpoint/resume path. gSDE: the
+# resumed round count places each env's noise.
+@pytest.mark.parametrize("algo,env,total_steps,split_at", [("a2c", "CartPole-v1", 8_000, 3_000),
+                                                           ("ppo", "CartPole-v1", 3_000, 1_200),
+                                                           ("a2c", "Pendulum-v1", 3_000, 1_200)],
+                         ids=["a2c", "ppo", "a2c-gsde"])
+def test_resumed_run_reaches_the_same_parameters_as_an_uninterrupted_one(tmp_path, algo, env, total_steps, split_at):
+    model = ModelCfg(hidden=(32, 32), gsde=env == "Pendulum-v1", gsde_interval=3)
+    cfg = RunCfg(env=EnvCfg(id=env, num_envs=8, num_workers=2), model=model,
                  algo=AlgoCfg(name=algo), arch=ArchCfg(name="hts", num_actors=2, sync_interval=5),
                  total_steps=total_steps, torch_threads=1, progress=False, target_return=float("inf"))
     whole = conveyor.train(dataclasses.replace(cfg, out=str(tmp_path / "whole")))

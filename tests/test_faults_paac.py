@@ -47,10 +47,15 @@ def test_killed_env_worker_past_max_restarts_stops_the_run(monkeypatch, tmp_path
     assert not children()
 
 
-# PPO makes 16 optimizer steps per batch, so fewer batches cover the same checkpoint/resume path.
-@pytest.mark.parametrize("algo,total_steps,split_at", [("a2c", 12_000, 5_000), ("ppo", 4_000, 1_600)])
-def test_resumed_run_reaches_the_same_parameters_as_an_uninterrupted_one(tmp_path, algo, total_steps, split_at):
-    cfg = RunCfg(env=EnvCfg(id="CartPole-v1", num_envs=8, num_workers=2), algo=AlgoCfg(name=algo),
+# PPO makes 16 optimizer steps per batch, so fewer batches cover the same checkpoint/resume path. gSDE: each
+# env's noise step count is in the checkpoint.
+@pytest.mark.parametrize("algo,env,total_steps,split_at", [("a2c", "CartPole-v1", 12_000, 5_000),
+                                                           ("ppo", "CartPole-v1", 4_000, 1_600),
+                                                           ("a2c", "Pendulum-v1", 3_000, 1_020)],
+                         ids=["a2c", "ppo", "a2c-gsde"])
+def test_resumed_run_reaches_the_same_parameters_as_an_uninterrupted_one(tmp_path, algo, env, total_steps, split_at):
+    model = ModelCfg(gsde=True, gsde_interval=3) if env == "Pendulum-v1" else ModelCfg()
+    cfg = RunCfg(env=EnvCfg(id=env, num_envs=8, num_workers=2), algo=AlgoCfg(name=algo), model=model,
                  arch=ArchCfg(name="paac", unroll=8), total_steps=total_steps, torch_threads=1, progress=False,
                  target_return=float("inf"))
     whole = conveyor.train(dataclasses.replace(cfg, out=str(tmp_path / "whole")))

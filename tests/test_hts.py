@@ -43,7 +43,7 @@ EXPONENTIAL_STEPS = (("dist", "exponential"), ("mean_ms", 0.3))
 def hts_cfg(tmp_path, name="run", env="CartPole-v1", env_args=(), algo="a2c", actors=1, num_envs=8, alpha=5,
             total_steps=4000, **overrides) -> RunCfg:
     return RunCfg(env=EnvCfg(id=env, num_envs=num_envs, num_workers=2, env_args=env_args),
-                  model=ModelCfg(hidden=(32, 32)), algo=overrides.pop("algo_cfg", AlgoCfg(name=algo)),
+                  model=overrides.pop("model", ModelCfg(hidden=(32, 32))), algo=overrides.pop("algo_cfg", AlgoCfg(name=algo)),
                   arch=ArchCfg(name="hts", num_actors=actors, sync_interval=alpha), total_steps=total_steps,
                   out=str(tmp_path / name), progress=False, torch_threads=1, log_interval_s=60.0, **overrides)
 
@@ -232,6 +232,16 @@ def test_same_seed_gives_the_same_parameters_for_any_number_of_actors(tmp_path, 
         assert summary["policy_lag"]["histogram"] == {"0": per_round, "1": (rounds - 2) * per_round}
         assert summary["updates"] == summary["learner_version"] == rounds - 1
     # different actor counts really batched differently
+    assert len({s["counters"]["actor_forwards"] for s in summaries}) > 1
+
+
+def test_gsde_noise_gives_the_same_parameters_for_any_number_of_actors(tmp_path):
+    """A gSDE model's actions take each env's noise at its step round * alpha + t, not the executors' uniforms:
+    still one result whatever serves the requests."""
+    model = ModelCfg(hidden=(32, 32), gsde=True, weight_init="torch", log_std_init=-2.0)
+    summaries = [train(hts_cfg(tmp_path, f"actors{m}", "Pendulum-v1", actors=m, total_steps=2000, seed=3,
+                               model=model)) for m in (1, 3)]
+    assert len({s["param_sha256"] for s in summaries}) == 1, [s["param_sha256"] for s in summaries]
     assert len({s["counters"]["actor_forwards"] for s in summaries}) > 1
 
 

@@ -97,11 +97,15 @@ def make_sb3_model(cfg: RunCfg, venv: Any, reference: Any) -> tuple[Any, int]:
         "optimizer_class": conveyor_optimizer, "optimizer_kwargs": {"cfg": cfg},
     }
     if not reference.policy.discrete:
-        policy_kwargs["log_std_init"] = float(reference.log_std.detach()[0])
+        policy_kwargs["log_std_init"] = cfg.model.log_std_init
+    if cfg.model.weight_init != "orthogonal":
+        policy_kwargs["ortho_init"] = False
     common = {"learning_rate": algo.lr, "n_steps": cfg.arch.unroll, "gamma": algo.gamma,
               "ent_coef": algo.entropy_coef, "vf_coef": algo.value_coef,
               "max_grad_norm": algo.max_grad_norm or math.inf, "policy_kwargs": policy_kwargs, "seed": cfg.seed,
               "device": "cpu", "verbose": 0}
+    if cfg.model.gsde:  # SB3 redraws every sde_sample_freq steps of the rollout and at its start
+        common.update(use_sde=True, sde_sample_freq=cfg.model.gsde_interval)
     if algo.name == "a2c":
         return sb3.A2C("MlpPolicy", venv, gae_lambda=1.0, normalize_advantage=False, **common), 1
     samples = cfg.arch.unroll * cfg.env.num_envs

@@ -38,9 +38,16 @@ def policy_family(action_space: gym.Space) -> PolicyFamily:
     raise ConfigError(f"action space {action_space} is not supported: use a Discrete or 1-D Box action space")
 
 
-def _init_linear(layer: nn.Linear, gain: float) -> nn.Linear:
-    nn.init.orthogonal_(layer.weight, gain)
-    nn.init.zeros_(layer.bias)
+GSDE_EPS = 1e-6
+"""Added to gSDE's variance phi(s)^2 @ sigma^2 before the square root (SB3's ``StateDependentNoiseDistribution``
+epsilon): the std stays positive where the features vanish."""
+
+
+def _init_linear(layer: nn.Linear, gain: float, weight_init: str) -> nn.Linear:
+    """``layer`` orthogonal with ``gain`` and a zero bias (``weight_init`` orthogonal), else as PyTorch made it."""
+    if weight_init == "orthogonal":
+        nn.init.orthogonal_(layer.weight, gain)
+        nn.init.zeros_(layer.bias)
     return layer
 
 
@@ -52,7 +59,9 @@ class ActorCritic(nn.Module):
     vector for continuous ones) and the previous reward with the features
     (R2D2, IMPALA) and resets its state where ``done`` marks a new episode.
     With ``separate_value_net`` the value head reads a second encoder of the
-    same architecture (no LSTM core, no dueling head). ``obs_normalizer`` is
+    same architecture (no LSTM core, no dueling head). With ``gsde`` the
+    Gaussian's log-std is state-dependent (``ModelCfg.gsde``) and the output
+    carries the features it is computed from, for ``acting.GsdeNoise``. ``obs_normalizer`` is
     None unless ``normalize_obs``; its statistics change only through
     ``Learner.apply_gradients``, never in ``forward``.
     """
@@ -77,7 +86,12 @@ class ActorCritic(nn.Module):
             observation_space = gym.spaces.Box(-np.inf, np.inf, self.obs_shape, np.float32)
 
         def build() -> tuple[nn.Module, int]:
-            return encoders.custom(name, observation_space, cfg) if custom else ENCODERS[name](self.obs_shape, cfg)
+            if custom:
+                return encoders.custom(name, observation_space, cfg)
+            encoder, size = ENCODERS[name](self.obs_shape, cfg)
+            if cfg.weight_init == "orthogonal":
+                encoders.orthogonal_init(encoder)
+            return encoder, size
 
         self.encoder_name = name
         self.obs_normalizer = ObsNormalizer(self.obs_shape) if cfg.normalize_obs else None
@@ -86,6 +100,10 @@ class ActorCritic(nn.Module):
             raise ConfigError("separate_value_net splits the policy and value trunks, and a dueling Q head has "
                               "neither: drop --separate-value-net")
         self.value_encoder = build()[0] if cfg.separate_value_net else None
+        self.gsde = bool(cfg.gsde)
+        if self.gsde and (self.policy.discrete or dueling):
+            raise ConfigError("gsde is exploration for continuous actions, and this env's actions are discrete: "
+                              "drop --gsde")
         self.lstm_size = cfg.lstm_size
         self.num_actions = self.policy.param_size if self.policy.discrete else 0
         if self.lstm_size:
@@ -96,16 +114,19 @@ class ActorCritic(nn.Module):
         if dueling:
             if not self.policy.discrete:
                 raise ConfigError("a dueling Q head needs a discrete action space: use a discrete env with r2d2")
-            self.advantage = nn.Sequential(_init_linear(nn.Linear(feat, 512), math.sqrt(2)), nn.ReLU(),
-                                           _init_linear(nn.Linear(512, self.policy.param_size), 1.0))
-            self.state_value = nn.Sequential(_init_linear(nn.Linear(feat, 512), math.sqrt(2)), nn.ReLU(),
-                                             _init_linear(nn.Linear(512, 1), 1.0))
+            init = cfg.weight_init
+            self.advantage = nn.Sequential(_init_linear(nn.Linear(feat, 512), math.sqrt(2), init), nn.ReLU(),
+                                           _init_linear(nn.Linear(512, self.policy.param_size), 1.0, init))
+            self.state_value = nn.Sequential(_init_linear(nn.Linear(feat, 512), math.sqrt(2), init), nn.ReLU(),
+                                             _init_linear(nn.Linear(512, 1), 1.0, init))
         else:
             out = self.policy.param_size if self.policy.discrete else self.policy.action_dim
-            self.policy_head = _init_linear(nn.Linear(feat, out), 0.01)
+            self.policy_head = _init_linear(nn.Linear(feat, out), 0.01, cfg.weight_init)
             if not self.policy.discrete:
-                self.log_std = nn.Parameter(torch.full((self.policy.action_dim,), float(cfg.log_std_init)))
-            self.value_head = _init_linear(nn.Linear(feat, 1), 1.0)
+                # gSDE: sigma [features, A] (log_std holds its log); else one log-std per action dimension.
+                shape = (feat, self.policy.action_dim) if self.gsde else (self.policy.action_dim,)
+                self.log_std = nn.Parameter(torch.full(shape, float(cfg.log_std_init)))
+            self.value_head = _init_linear(nn.Linear(feat, 1), 1.0, cfg.weight_init)
 
     def initial_state(self, batch_size: int, device: torch.device | str = "cpu") -> tuple[Tensor, Tensor] | None:
         if not self.lstm_size:
@@ -131,9 +152,14 @@ class ActorCritic(nn.Module):
             q = self.state_value(feat) + adv - adv.mean(-1, keepdim=True)
             return ModelOut(self.policy, q, q.max(-1).values, state, q)
         params = self.policy_head(feat)
+        value = self.value_head(value_feat).squeeze(-1)
+        if self.gsde:  # std(s) = sqrt(phi(s)^2 @ sigma^2): the std of the action gSDE's acting adds, phi(s) @ W
+            features = feat.detach()
+            log_std = 0.5 * torch.log(features.pow(2) @ torch.exp(2 * self.log_std) + GSDE_EPS)
+            return ModelOut(self.policy, torch.cat([params, log_std], dim=-1), value, state, features=features)
         if not self.policy.discrete:
             params = torch.cat([params, self.log_std.expand_as(params)], dim=-1)
-        return ModelOut(self.policy, params, self.value_head(value_feat).squeeze(-1), state)
+        return ModelOut(self.policy, params, value, state)
 
     def _core(self, feat: Tensor, state: Any, done: Tensor | None, prev_action: Tensor | None,
               prev_reward: Tensor | None) -> tuple[Tensor, tuple[Tensor, Tensor]]:

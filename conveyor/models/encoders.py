@@ -33,7 +33,9 @@ from conveyor.config import ConfigError, ModelCfg
 from conveyor.imports import import_object
 
 
-def _orthogonal(module: nn.Module, gain: float = math.sqrt(2)) -> nn.Module:
+def orthogonal_init(module: nn.Module, gain: float = math.sqrt(2)) -> nn.Module:
+    """Every linear and conv layer of ``module`` orthogonal with ``gain``, zero biases (``weight_init
+    orthogonal``; the built-in encoders are built with PyTorch's default init)."""
     for layer in module.modules():
         if isinstance(layer, (nn.Linear, nn.Conv2d)):
             nn.init.orthogonal_(layer.weight, gain)
@@ -52,7 +54,7 @@ def mlp(obs_shape: tuple[int, ...], cfg: ModelCfg) -> tuple[nn.Module, int]:
     for width in cfg.hidden:
         layers += [nn.Linear(size, width), nn.Tanh()]
         size = width
-    return _orthogonal(nn.Sequential(*layers)), size
+    return nn.Sequential(*layers), size
 
 
 def _dqn_cnn(obs_shape: tuple[int, ...], convs: list[tuple[int, int, int]], fc: int) -> tuple[nn.Module, int]:
@@ -63,7 +65,7 @@ def _dqn_cnn(obs_shape: tuple[int, ...], convs: list[tuple[int, int, int]], fc: 
         channels = out
     conv = nn.Sequential(*layers, nn.Flatten())
     net = nn.Sequential(conv, nn.Linear(_conv_out(conv, obs_shape), fc), nn.ReLU())
-    return _orthogonal(net), fc
+    return net, fc
 
 
 def nips_cnn(obs_shape: tuple[int, ...], cfg: ModelCfg) -> tuple[nn.Module, int]:
@@ -96,7 +98,7 @@ def impala_resnet(obs_shape: tuple[int, ...], cfg: ModelCfg) -> tuple[nn.Module,
         channels = out
     conv = nn.Sequential(*layers, nn.ReLU(), nn.Flatten())
     net = nn.Sequential(conv, nn.Linear(_conv_out(conv, obs_shape), 256), nn.ReLU())
-    return _orthogonal(net), 256
+    return net, 256
 
 
 ENCODERS: dict[str, Callable[[tuple[int, ...], ModelCfg], tuple[nn.Module, int]]] = {

@@ -125,7 +125,9 @@ class ModelOut:
 
     ``params``: policy parameters ``[T, B, P]``; ``value``: ``[T, B]``;
     ``q``: action values ``[T, B, A]`` for Q-learning heads (else None);
-    ``state``: recurrent state after the last step (None without a core).
+    ``state``: recurrent state after the last step (None without a core);
+    ``features``: with gSDE, the policy trunk's features ``[T, B, F]`` (detached) that the state-dependent
+    std is computed from and that acting multiplies with each env's noise matrix (else None).
     """
 
     policy: PolicyFamily
@@ -133,6 +135,7 @@ class ModelOut:
     value: Tensor
     state: Any = None
     q: Tensor | None = None
+    features: Tensor | None = None
 
     def log_prob(self, actions: Tensor) -> Tensor:
         return self.policy.log_prob(self.params, actions)

@@ -49,7 +49,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from conveyor.acting import policy_step, step_targets
+from conveyor.acting import GsdeNoise, policy_step, step_targets
 from conveyor.architectures.ga3c.autotune import KNOBS, Autotuner, Counts, plot_history
 from conveyor.architectures.ga3c.agents import AgentPool
 from conveyor.architectures.ga3c.queues import SEGMENT_FIELDS, Channels
@@ -100,6 +100,8 @@ def run(cfg: RunCfg) -> dict[str, Any]:
                                        on_restart=tel.add_restart, ending=run.stop_event.is_set,
                                        env_step_timeout_s=cfg.env.env_step_timeout_s))
         update_lock, params_lock, gather_lock = threading.Lock(), threading.Lock(), threading.Lock()
+        # gSDE: one noise matrix per agent id, used under params_lock (the predictors act one at a time)
+        gsde = GsdeNoise((cfg.seed, tel.env_steps), cfg.model.gsde_interval) if cfg.model.gsde else None
 
         def predict(stop: threading.Event, serial: int) -> None:
             generator = torch.Generator(device=device).manual_seed(cfg.seed * 1000 + serial)
@@ -111,7 +113,7 @@ def run(cfg: RunCfg) -> dict[str, Any]:
                     obs = to_device(channels["obs"][ids], device)
                     with params_lock:
                         version = learner.version
-                        act = policy_step(model, obs, generator)
+                        act = policy_step(model, obs, generator, gsde=gsde, envs=ids)
                     channels.answer(ids, act.actions.cpu().numpy(), act.logp.cpu().numpy(),
                                     act.value.cpu().numpy(), version, seqs)
                 tel.count("predictions", len(ids))

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from conveyor.acting import step_targets, values_of
+from conveyor.acting import GsdeNoise, step_targets, values_of
 from conveyor.envs.history import EnvHistory
 from conveyor.learner import Learner
 from conveyor.storage.double import DoubleStorage
@@ -83,12 +83,16 @@ def lagged_ppo_update(learner: Learner, batch: dict[str, Tensor], epochs: int, m
 
 
 class Actors:
-    """Actor threads serving the state buffer with ``model`` (the acting parameters, stamped ``version``)."""
+    """Actor threads serving the state buffer with ``model`` (the acting parameters, stamped ``version``) in
+    round ``round``. A gSDE model's actions take ``gsde``'s noise of env e at its step ``round * T + t``: a
+    function of the seed, the env and the step alone, as the executors' uniforms are."""
 
     def __init__(self, num: int, buffer: StateBuffer, storage: DoubleStorage, model: nn.Module, gamma: float,
-                 telemetry: Telemetry):
+                 telemetry: Telemetry, gsde: GsdeNoise | None = None):
         self.buffer, self.storage, self.model, self.gamma, self.telemetry = buffer, storage, model, gamma, telemetry
+        self.gsde = gsde
         self.version = 0
+        self.round = 0
         self.device = next(model.parameters()).device
         self.error: BaseException | None = None
         self._stop = threading.Event()
@@ -178,9 +182,13 @@ class Actors:
         out = model(to_device(inputs, device).unsqueeze(0))
         value = out.value[0].cpu().numpy()
         if len(acting):
-            uniform = to_device(buffer.uniform[acting], device)
-            params = out.params[0][to_device(acting, device)]
-            actions = out.policy.sample(params, uniform)
+            rows = to_device(acting, device)
+            params = out.params[0][rows]
+            if self.gsde is not None:
+                actions = self.gsde.actions(model, params, out.features[0][rows], buffer.env_offset + acting,
+                                            self.round * storage.T + t[act])
+            else:
+                actions = out.policy.sample(params, to_device(buffer.uniform[acting], device))
             logp = out.policy.log_prob(params, actions).cpu().numpy()
             actions = actions.cpu().numpy()
             if self._solo:

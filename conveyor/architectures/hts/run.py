@@ -52,6 +52,7 @@ from typing import Any
 import torch
 
 from conveyor import algos
+from conveyor.acting import GsdeNoise
 from conveyor.algos import ppo
 from conveyor.config import RunCfg
 from conveyor.envs.history import EnvHistory
@@ -108,8 +109,10 @@ def run(cfg: RunCfg) -> dict[str, Any]:
         schema = RolloutSchema.build(obs_space, model.policy, ROLLOUT_FIELDS)
         # Host memory: actors write it a few cells at a time; the learner takes it to its device at the swap.
         storage = DoubleStorage(lambda: RolloutStorage(schema, cfg.arch.sync_interval, env_cfg.num_envs))
-        actors = run.closing(Actors(cfg.arch.num_actors, buffer, storage, acting, cfg.algo.gamma, run.telemetry))
-        actors.version = learner.version
+        gsde = GsdeNoise(cfg.seed, cfg.model.gsde_interval) if cfg.model.gsde else None
+        actors = run.closing(Actors(cfg.arch.num_actors, buffer, storage, acting, cfg.algo.gamma, run.telemetry,
+                                    gsde))
+        actors.version, actors.round = learner.version, rounds
         sampler = torch.Generator().manual_seed(cfg.seed)
         pending = None  # the full storage's batch, collected by ``behaviour``, not learned from yet
         if resumed:
@@ -146,7 +149,7 @@ def run(cfg: RunCfg) -> dict[str, Any]:
             if delayed_gradient:
                 copy_params(behaviour, acting_tensors(acting))
             copy_params(acting_tensors(acting), acting_tensors(learner.model))
-            actors.version = learner.version
+            actors.version, actors.round = learner.version, rounds
             for t in range(storage.T):
                 run.record_env_step(storage.B, full.episode_returns[t])
             run.share_progress()

@@ -69,7 +69,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from conveyor.acting import CoreCarry, policy_step, step_targets
+from conveyor.acting import CoreCarry, GsdeNoise, policy_step, step_targets
 from conveyor.config import RunCfg
 from conveyor.errors import WorkerDied, WorkerFailure
 from conveyor.envs import make_vector_env
@@ -178,8 +178,9 @@ def collect(spec: dict[str, Any], pool: SharedArrays) -> None:
 
 class BatchCollector:
     """What one life of worker ``index`` acts with: its ``env.envs_per_worker`` envs (seeded by ``worker_seeds``),
-    its copy of the policy, its action sampler and, for an LSTM core, each env's state across batches; ``fill``
-    writes the next S-step batch. The process workers fill shared slots with it, Ray workers their replies."""
+    its copy of the policy, its action sampler (and gSDE noise) and, for an LSTM core, each env's state across
+    batches; ``fill`` writes the next S-step batch. The process workers fill shared slots with it, Ray workers
+    their replies."""
 
     def __init__(self, cfg: RunCfg, index: int, life: int) -> None:
         self.cfg, E = cfg, cfg.env.envs_per_worker
@@ -191,8 +192,10 @@ class BatchCollector:
             space = self.venv.single_action_space
             self.bounds = None if self.model.policy.discrete else (space.low, space.high)
             self.sampler = torch.Generator().manual_seed(sampler_seed)
+            self.gsde = GsdeNoise(sampler_seed, cfg.model.gsde_interval) if cfg.model.gsde else None
             self.obs = torch.as_tensor(self.venv.reset())
             self.carry = CoreCarry(self.model, E) if cfg.model.lstm_size else None  # each env's LSTM state
+            self.env_ids = np.arange(E)
         except BaseException:
             self.venv.close()
             raise
@@ -216,7 +219,7 @@ class BatchCollector:
         for t in range(S):
             start = time.perf_counter()
             core = None if carry is None else carry.inputs()
-            act = policy_step(model, self.obs, self.sampler, core=core)
+            act = policy_step(model, self.obs, self.sampler, core=core, gsde=self.gsde, envs=self.env_ids)
             actions = act.actions.numpy()
             started_env = time.perf_counter()
             step = self.venv.step(actions if self.bounds is None else np.clip(actions, *self.bounds))

@@ -33,7 +33,7 @@ step they lost is masked out of the loss (``RolloutStorage.drop_step``; the
 steps before it bootstrap from its V(s_t), as at a truncation) and counted in ``dropped_steps``, never in
 ``env_steps``; the rest of the rollout, theirs included, is trained on. With env groups, a group waits for
 and restarts its own workers only. Checkpoints hold
-the env history and the sampler's state, so a resumed run rebuilds every env
+the env history, the sampler's state and (gSDE) each env's noise step count, so a resumed run rebuilds every env
 and reaches the same parameters as an uninterrupted one.
 
 Under torchrun each rank steps its share of the n_e envs and samples their
@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from conveyor.acting import SharedDraw, pipelined_steps, policy_step, step_targets, values_of
+from conveyor.acting import GsdeNoise, SharedDraw, pipelined_steps, policy_step, step_targets, values_of
 from conveyor import algos
 from conveyor.algos import ppo
 from conveyor.config import RunCfg
@@ -74,10 +74,14 @@ def run(cfg: RunCfg) -> dict[str, Any]:
         schema = RolloutSchema.build(venv.single_observation_space, model.policy, ROLLOUT_FIELDS)
         storage = RolloutStorage(schema, cfg.arch.unroll, venv.num_envs, device)
         sampler = torch.Generator().manual_seed(cfg.seed)
+        gsde = GsdeNoise(cfg.seed, cfg.model.gsde_interval) if cfg.model.gsde else None
         if "sampler" in run.resume_state:
             sampler.set_state(run.resume_state["sampler"])
+            if gsde is not None:
+                gsde.load_steps(run.resume_state["gsde_steps"])
         run.save_with_checkpoints(lambda: {"env_state": venv.history and venv.history.state(),
-                                           "sampler": sampler.get_state()})
+                                           "sampler": sampler.get_state(),
+                                           "gsde_steps": gsde and gsde.steps_state()})
         is_ppo = cfg.algo.name == "ppo"
         epochs, minibatches = (cfg.algo.ppo_epochs, cfg.algo.ppo_minibatches) if is_ppo else (1, 1)
         # A2C's parameters stay fixed for the whole rollout: backpropagate through the acting forwards
@@ -87,6 +91,7 @@ def run(cfg: RunCfg) -> dict[str, Any]:
         # Each group's rows of all envs (every rank's): it samples them from the draw for the whole batch.
         whole = run.dist is not None or len(groups) > 1
         rows = [(run.env_offset + group.envs.start, cfg.env.num_envs) if whole else None for group in groups]
+        env_ids = [run.env_offset + np.arange(group.envs.start, group.envs.stop) for group in groups]
         first_obs = to_device(venv.reset(), device)
         obs = [first_obs[group.envs] for group in groups]  # each group's observations to act on
         acts: list[Any] = [None] * len(groups)
@@ -99,7 +104,7 @@ def run(cfg: RunCfg) -> dict[str, Any]:
                 if event == "act":
                     with run.timer("act"):
                         acts[g] = act = policy_step(model, obs[g], draw.generator(g), keep_graph=reuse_graph,
-                                                    rows=rows[g])
+                                                    rows=rows[g], gsde=gsde, envs=env_ids[g])
                         outputs[t].append(act.out)
                     with run.timer("env"):
                         group.step_async(act.actions.cpu().numpy())

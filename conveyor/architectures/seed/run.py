@@ -56,7 +56,7 @@ from typing import Any
 import torch
 
 from conveyor import algos
-from conveyor.acting import policy_step, values_of
+from conveyor.acting import GsdeNoise, policy_step, values_of
 from conveyor.architectures.seed.actor import LocalActors
 from conveyor.architectures.seed.ray_actors import RayActors
 from conveyor.ray_launcher import RayLauncher, check_available
@@ -82,15 +82,18 @@ class ActorCriticPolicy(LearnerPolicy):
 
     step_fields = ("behaviour_logp",)
 
-    def __init__(self, learner: Learner, lock: threading.Lock, seed: int) -> None:
+    def __init__(self, learner: Learner, lock: threading.Lock, seed: int, gsde: GsdeNoise | None = None) -> None:
+        """``gsde``: a gSDE model's noise, one matrix per env slot."""
         super().__init__(learner, lock)
         self.generator = torch.Generator(device=learner.device).manual_seed(seed)
+        self.gsde = gsde
 
     def act(self, inputs: ActInput) -> ActOutput:
         obs = inputs.obs.to(self.learner.device)
         with self.lock:
             version = self.learner.version
-            action = policy_step(self.learner.model, obs, self.generator, core=self.core(inputs))
+            action = policy_step(self.learner.model, obs, self.generator, core=self.core(inputs), gsde=self.gsde,
+                                 envs=inputs.slots)
         return ActOutput(action.actions, version, {"behaviour_logp": action.logp},
                          tuple(s.cpu() for s in action.state))
 
@@ -132,7 +135,9 @@ def run(cfg: RunCfg) -> dict[str, Any]:
             unroll, overlap, sink = arch.seq_len, r2d2.replay.overlap, r2d2.sink
         else:
             learner = run.learner(make_model(cfg.model, obs_space, action_space), algos.make_loss(cfg))
-            policy = ActorCriticPolicy(learner, params_lock, cfg.seed)
+            # A resumed run's noise is seeded apart from the earlier segments' (its slots count from 0 again).
+            gsde = GsdeNoise((cfg.seed, run.telemetry.env_steps), cfg.model.gsde_interval) if cfg.model.gsde else None
+            policy = ActorCriticPolicy(learner, params_lock, cfg.seed, gsde)
             unrolls = run.closing(UnrollQueue(arch.unroll, unroll_schema(policy, obs_spec).fields, 2 * arch.batch_size))
             unroll, overlap, sink = arch.unroll, 0, unrolls.put
         # Ray before the gRPC server: a local Ray forks its servers, which gRPC's threads make noisy.
