@@ -82,19 +82,25 @@ class GsdeNoise:
         self.seed = tuple(int(s) for s in seed) if isinstance(seed, tuple) else (int(seed),)
         self.interval = int(interval)
         self._steps: dict[int, int] = {}  # env -> steps counted
-        self._drawn: dict[int, tuple[int, Tensor]] = {}  # env -> (k, its unit normals [F, A])
+        self._drawn_k = np.zeros(0, np.int64)  # [envs seen]: the k of each env's matrix in _normals, -1: none yet
+        self._normals = torch.zeros(0)  # [envs seen, F, A]
 
     def unit_normals(self, envs: np.ndarray, steps: np.ndarray, shape: tuple[int, int]) -> Tensor:
         """The unit normals ``[B, F, A]`` that env ``envs[i]`` acts with at its step ``steps[i]``."""
-        rows = []
-        for env, step in zip(np.asarray(envs).tolist(), np.asarray(steps).tolist()):
-            k = step // self.interval
-            drawn = self._drawn.get(env)
-            if drawn is None or drawn[0] != k:
-                normals = np.random.default_rng((*self.seed, env, k)).standard_normal(shape, dtype=np.float32)
-                drawn = self._drawn[env] = (k, torch.from_numpy(normals))
-            rows.append(drawn[1])
-        return torch.stack(rows)
+        envs, k = np.asarray(envs, np.int64), np.asarray(steps, np.int64) // self.interval
+        if len(envs) and envs.max() >= len(self._drawn_k):  # room for the new env indices
+            size = int(envs.max()) + 1
+            normals = torch.zeros(size, *shape)
+            if len(self._drawn_k):
+                normals[:len(self._drawn_k)] = self._normals
+            self._normals = normals
+            self._drawn_k = np.concatenate([self._drawn_k, np.full(size - len(self._drawn_k), -1, np.int64)])
+        stale = self._drawn_k[envs] != k
+        for env, index in zip(envs[stale].tolist(), k[stale].tolist()):
+            normals = np.random.default_rng((*self.seed, env, index)).standard_normal(shape, dtype=np.float32)
+            self._normals[env] = torch.from_numpy(normals)
+            self._drawn_k[env] = index
+        return self._normals[torch.from_numpy(envs)]
 
     def actions(self, model: nn.Module, params: Tensor, features: Tensor, envs: Any,
                 steps: np.ndarray | None = None) -> Tensor:

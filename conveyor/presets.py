@@ -212,11 +212,16 @@ ALGO_FAMILY: dict[tuple[str, str], dict[str, Any]] = {
     ("a2c", "classic-discrete"): {
         "algo.lr": 2e-3,  # source: tuned here: `conveyor train` solves CartPole-v1 in ~170k steps (README, paac)
     },
-    ("a2c", "classic-continuous"): {
+    ("a2c", "classic-continuous"): {  # rl-zoo's A2C recipe for Pendulum-v1, gSDE and PyTorch's init included
         **CONTINUOUS_CONTROL,
-        "arch.unroll": 8,  # source: rl-zoo a2c.yml Pendulum-v0 n_steps 8
-        "algo.value_coef": 0.4,  # source: rl-zoo a2c.yml Pendulum-v0 vf_coef 0.4
-        "algo.gae_lambda": 0.9,  # source: rl-zoo a2c.yml Pendulum-v0 gae_lambda 0.9 (unused by A2C's n-step returns)
+        "env.num_envs": 8,  # source: rl-zoo a2c.yml Pendulum-v1 n_envs 8
+        "arch.unroll": 8,  # source: rl-zoo a2c.yml Pendulum-v1 n_steps 8
+        "arch.sync_interval": 8,  # source: as unroll (HTS: alpha = unroll)
+        "model.gsde": True,  # source: rl-zoo a2c.yml Pendulum-v1 use_sde True
+        "model.weight_init": "torch",  # source: rl-zoo a2c.yml Pendulum-v1 ortho_init False
+        "model.log_std_init": -2.0,  # source: rl-zoo a2c.yml Pendulum-v1 log_std_init -2
+        "algo.value_coef": 0.4,  # source: rl-zoo a2c.yml Pendulum-v1 vf_coef 0.4
+        "algo.gae_lambda": 0.9,  # source: rl-zoo a2c.yml Pendulum-v1 gae_lambda 0.9 (unused by A2C's n-step returns)
     },
     ("a2c", "mujoco"): {
         **CONTINUOUS_CONTROL,
@@ -267,10 +272,10 @@ ALGO_FAMILY: dict[tuple[str, str], dict[str, Any]] = {
     },
     ("vtrace", "classic-continuous"): {  # rl-zoo's A2C recipe for Pendulum-v1 (a2c.yml): V-trace on 8-step unrolls
         # is A2C's n-step return with importance weights, and it learns only with gSDE and PyTorch's default init
-        # (seed/vtrace Pendulum-v1 at 300k, seeds 1-3: -243/-282/-249; Adam 1e-3, unroll 20, no gSDE: ~-1000;
-        # SB3 A2C with orthogonal init: -1023; BENCHMARKS.md "seed/vtrace on Pendulum")
+        # (seed/vtrace Pendulum-v1 at 300k, seeds 1-6: -201/-1150/-228/-245/-273/-224; Adam 1e-3, unroll 20, no
+        # gSDE: ~-1000; SB3 A2C with orthogonal init: -1023; BENCHMARKS.md, 2026-11-26)
         **CONTINUOUS_CONTROL,
-        "env.num_envs": 8,  # source: rl-zoo a2c.yml Pendulum-v1 n_envs 8 (here 2 local actors x 8 envs)
+        "env.num_envs": 8,  # source: tuned here: as on classic-discrete (2 local actors x 8 envs; rl-zoo A2C: 8)
         "arch.batch_size": 8,  # source: tuned here: as on classic-discrete
         "arch.unroll": 8,  # source: rl-zoo a2c.yml Pendulum-v1 n_steps 8
         "model.gsde": True,  # source: rl-zoo a2c.yml Pendulum-v1 use_sde True

@@ -13,8 +13,10 @@ import pytest
 import torch
 from torch import nn
 
+import conveyor
 from conveyor.acting import GsdeNoise, policy_step
-from conveyor.config import ArchCfg, ConfigError, EnvCfg, ModelCfg, RunCfg, read_config_file
+from conveyor.config import AlgoCfg, ArchCfg, ConfigError, EnvCfg, ModelCfg, RunCfg, read_config_file
+from conveyor.learner import load_latest_checkpoint
 from conveyor.models import GSDE_EPS, make_model
 
 OBS = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
@@ -171,7 +173,8 @@ def test_the_pendulum_preset_of_seed_vtrace_is_rl_zoos_a2c_recipe_and_flags_win(
     explicit = RunCfg(env=EnvCfg(id="Pendulum-v1"), arch=ArchCfg(name="seed"),
                       model=ModelCfg(gsde=False, weight_init="orthogonal"))
     assert (explicit.model.gsde, explicit.model.weight_init) == (False, "orthogonal")
-    assert not RunCfg(env=EnvCfg(id="Pendulum-v1"), arch=ArchCfg(name="paac")).model.gsde
+    assert RunCfg(env=EnvCfg(id="Pendulum-v1"), arch=ArchCfg(name="paac")).model.gsde  # A2C: the same recipe
+    assert not RunCfg(env=EnvCfg(id="Pendulum-v1"), arch=ArchCfg(name="paac"), algo=AlgoCfg(name="ppo")).model.gsde
 
 
 def test_a_config_json_from_before_gsde_reads_as_that_run_was_trained(tmp_path):
@@ -182,3 +185,28 @@ def test_a_config_json_from_before_gsde_reads_as_that_run_was_trained(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(data))
     old = RunCfg.from_dict(read_config_file(tmp_path / "config.json"))
     assert (old.model.gsde, old.model.weight_init) == (False, "orthogonal")
+
+
+@pytest.mark.parametrize("arch,algo", [("seed", "vtrace"), ("impact", "impact"), ("ga3c", "a2c")])
+def test_the_asynchronous_architectures_act_and_learn_with_gsde(tmp_path, arch, algo):
+    """SEED (noise per inference slot), IMPACT (per worker env) and GA3C (per agent id) on Pendulum: the run
+    completes and learns sigma (PAAC and HTS: the resume and determinism tests)."""
+    cfg = RunCfg(env=EnvCfg(id="Pendulum-v1", num_envs=4, num_workers=2), arch=ArchCfg(name=arch),
+                 algo=AlgoCfg(name=algo), model=ModelCfg(gsde=True, hidden=(16, 16)), total_steps=2000,
+                 torch_threads=1, progress=False, out=str(tmp_path / arch))
+    summary = conveyor.train(cfg)
+    assert summary["env_steps"] >= 2000 and summary["updates"] > 0
+    _, state = load_latest_checkpoint(tmp_path / arch, "cpu")
+    sigma = state["model"]["log_std"]
+    assert sigma.shape == (16, 1) and not torch.all(sigma == cfg.model.log_std_init)
+
+
+@pytest.mark.slow  # about 6 minutes on the 2-core machine
+def test_seed_vtrace_learns_pendulum_with_default_flags(tmp_path):
+    """The Pendulum row of issue 15 with nothing but --arch seed --env Pendulum-v1: the preset's gSDE recipe.
+    Random play scores about -1250; five of six seeds measured ended between -201 and -273 at 300k steps
+    (BENCHMARKS.md), and asynchronous acting makes a seed's run vary, so the bar is -600: clearly learned."""
+    cfg = RunCfg(env=EnvCfg(id="Pendulum-v1"), arch=ArchCfg(name="seed"), total_steps=300_000, seed=1,
+                 progress=False, out=str(tmp_path / "run"))
+    summary = conveyor.train(cfg)
+    assert summary["return_mean_last100"] >= -600, summary["return_mean_last100"]
