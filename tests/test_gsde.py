@@ -192,10 +192,10 @@ def test_the_asynchronous_architectures_act_and_learn_with_gsde(tmp_path, arch, 
     """SEED (noise per inference slot), IMPACT (per worker env) and GA3C (per agent id) on Pendulum: the run
     completes and learns sigma (PAAC and HTS: the resume and determinism tests)."""
     cfg = RunCfg(env=EnvCfg(id="Pendulum-v1", num_envs=4, num_workers=2), arch=ArchCfg(name=arch),
-                 algo=AlgoCfg(name=algo), model=ModelCfg(gsde=True, hidden=(16, 16)), total_steps=2000,
+                 algo=AlgoCfg(name=algo), model=ModelCfg(gsde=True, hidden=(16, 16)), total_steps=1000,
                  torch_threads=1, progress=False, out=str(tmp_path / arch))
     summary = conveyor.train(cfg)
-    assert summary["env_steps"] >= 2000 and summary["updates"] > 0
+    assert summary["env_steps"] >= 1000 and summary["updates"] > 0
     _, state = load_latest_checkpoint(tmp_path / arch, "cpu")
     sigma = state["model"]["log_std"]
     assert sigma.shape == (16, 1) and not torch.all(sigma == cfg.model.log_std_init)
