@@ -86,8 +86,7 @@ def test_actions_are_mean_plus_features_times_each_envs_noise():
 
 def test_each_env_holds_its_noise_for_the_interval_then_draws_anew():
     model = gsde_model()
-    obs = torch.rand(2, 3).expand(2, 3).clone()
-    obs[1] = obs[0]  # two envs, one observation: only their noise tells them apart
+    obs = torch.rand(1, 3).repeat(2, 1)  # two envs, one observation: only their noise tells them apart
     noise = GsdeNoise(3, interval=4)
     actions = [policy_step(model, obs, gsde=noise, envs=[0, 1]).actions for _ in range(9)]
     for step in range(1, 4):  # steps 0-3: one matrix per env
