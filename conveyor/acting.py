@@ -117,6 +117,11 @@ class GsdeNoise:
         # elementwise product and sum, not a batched matmul: a row's numbers do not depend on the batch
         return model.policy.mode(params) + (features.unsqueeze(-1) * noise).sum(1)
 
+    @classmethod
+    def for_model(cls, cfg: Any, seed: int | tuple[int, ...]) -> GsdeNoise | None:
+        """The noise a model of ``cfg`` (``ModelCfg``) acts with: None unless ``cfg.gsde``."""
+        return cls(seed, cfg.gsde_interval) if cfg.gsde else None
+
     def steps_state(self) -> dict[int, int]:
         """Each env's step count, for a checkpoint."""
         return dict(self._steps)

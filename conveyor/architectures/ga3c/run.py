@@ -101,7 +101,7 @@ def run(cfg: RunCfg) -> dict[str, Any]:
                                        env_step_timeout_s=cfg.env.env_step_timeout_s))
         update_lock, params_lock, gather_lock = threading.Lock(), threading.Lock(), threading.Lock()
         # gSDE: one noise matrix per agent id, used under params_lock (the predictors act one at a time)
-        gsde = GsdeNoise((cfg.seed, tel.env_steps), cfg.model.gsde_interval) if cfg.model.gsde else None
+        gsde = GsdeNoise.for_model(cfg.model, (cfg.seed, tel.env_steps))
 
         def predict(stop: threading.Event, serial: int) -> None:
             generator = torch.Generator(device=device).manual_seed(cfg.seed * 1000 + serial)

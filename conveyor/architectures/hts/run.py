@@ -109,7 +109,7 @@ def run(cfg: RunCfg) -> dict[str, Any]:
         schema = RolloutSchema.build(obs_space, model.policy, ROLLOUT_FIELDS)
         # Host memory: actors write it a few cells at a time; the learner takes it to its device at the swap.
         storage = DoubleStorage(lambda: RolloutStorage(schema, cfg.arch.sync_interval, env_cfg.num_envs))
-        gsde = GsdeNoise(cfg.seed, cfg.model.gsde_interval) if cfg.model.gsde else None
+        gsde = GsdeNoise.for_model(cfg.model, cfg.seed)
         actors = run.closing(Actors(cfg.arch.num_actors, buffer, storage, acting, cfg.algo.gamma, run.telemetry,
                                     gsde))
         actors.version, actors.round = learner.version, rounds

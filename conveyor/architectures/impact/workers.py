@@ -192,7 +192,7 @@ class BatchCollector:
             space = self.venv.single_action_space
             self.bounds = None if self.model.policy.discrete else (space.low, space.high)
             self.sampler = torch.Generator().manual_seed(sampler_seed)
-            self.gsde = GsdeNoise(sampler_seed, cfg.model.gsde_interval) if cfg.model.gsde else None
+            self.gsde = GsdeNoise.for_model(cfg.model, sampler_seed)
             self.obs = torch.as_tensor(self.venv.reset())
             self.carry = CoreCarry(self.model, E) if cfg.model.lstm_size else None  # each env's LSTM state
             self.env_ids = np.arange(E)

@@ -74,7 +74,7 @@ def run(cfg: RunCfg) -> dict[str, Any]:
         schema = RolloutSchema.build(venv.single_observation_space, model.policy, ROLLOUT_FIELDS)
         storage = RolloutStorage(schema, cfg.arch.unroll, venv.num_envs, device)
         sampler = torch.Generator().manual_seed(cfg.seed)
-        gsde = GsdeNoise(cfg.seed, cfg.model.gsde_interval) if cfg.model.gsde else None
+        gsde = GsdeNoise.for_model(cfg.model, cfg.seed)
         if "sampler" in run.resume_state:
             sampler.set_state(run.resume_state["sampler"])
             if gsde is not None:

@@ -136,7 +136,7 @@ def run(cfg: RunCfg) -> dict[str, Any]:
         else:
             learner = run.learner(make_model(cfg.model, obs_space, action_space), algos.make_loss(cfg))
             # A resumed run's noise is seeded apart from the earlier segments' (its slots count from 0 again).
-            gsde = GsdeNoise((cfg.seed, run.telemetry.env_steps), cfg.model.gsde_interval) if cfg.model.gsde else None
+            gsde = GsdeNoise.for_model(cfg.model, (cfg.seed, run.telemetry.env_steps))
             policy = ActorCriticPolicy(learner, params_lock, cfg.seed, gsde)
             unrolls = run.closing(UnrollQueue(arch.unroll, unroll_schema(policy, obs_spec).fields, 2 * arch.batch_size))
             unroll, overlap, sink = arch.unroll, 0, unrolls.put
