@@ -6,7 +6,9 @@
 #   env-limit-32, env-limit-64   every architecture's Pong SPS against the env limit, learners on cuda;
 #   paac-128     PAAC at 128 envs (with the two above: the best n_e / n_w);
 #   overlap-16, overlap-64       PAAC env groups off and on, on cuda (is --env-groups 2 faster there?);
-#   profile      a torch.profiler profile of PAAC's Pong step on cuda.
+#   profile      a torch.profiler profile of PAAC's Pong step on cuda;
+#   pong-seed-vtrace  issue 15's seed/vtrace Pong command (defaults, 32 envs x 16 workers, cuda) for
+#                $PONG_SECONDS (default 300); its metrics land in benchmarks/results/pong-gpu-seed-vtrace/.
 # Each step has its own time limit and a failure does not stop the next. Results land where the CPU runs'
 # do (benchmarks/results/, the marked sections of BENCHMARKS.md); the log and a tarball of both go to $1,
 # the tarball after every step. GPU_CHECKS="cuda-tests profile" runs only the steps named (default: all).
@@ -35,7 +37,7 @@ step() {  # step SECONDS NAME COMMAND...: run it under a time limit, log its out
 
 bench=(--device cuda --seconds 8 --startup-s 10 --repeats 1 --out /tmp/env-limit)
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee -a "$log"
-step 120 cuda-tests "$py" -m pytest tests/test_cuda.py -q -n 4 -p no:cacheprovider
+step 200 cuda-tests "$py" -m pytest tests/test_cuda.py -q -n 6 -p no:cacheprovider
 step 110 paac-vs-sb3 "$py" benchmarks/paac_vs_sb3_pong.py --device cuda --workers 8 --steps 24000 --repeats 3 \
     --out benchmarks/results/paac_vs_sb3_pong_cuda.json
 step 150 env-limit-32 "$py" benchmarks/env_limit.py "${bench[@]}" --envs 32 --workers 8 --section env-limit-cuda-32
@@ -48,3 +50,12 @@ for layout in "16 16" "64 16"; do
         --pong-seconds 20 --repeats 1 --out "benchmarks/results/paac_overlap_cuda_$1.json"
 done
 step 60 profile "$py" benchmarks/profile_pong_step.py --device cuda --envs 32 --workers 8 --steps 20000
+pong_run=/tmp/pong-gpu-seed-vtrace
+step $((${PONG_SECONDS:-300} + 60)) pong-seed-vtrace "$py" -m conveyor train --arch seed --algo vtrace --env ALE/Pong-v5 \
+    --num-envs 32 --num-workers 16 --device cuda --seed 1 --time-limit-s "${PONG_SECONDS:-300}" --no-progress \
+    --out "$pong_run"
+if [[ -d "$pong_run" ]]; then
+    mkdir -p benchmarks/results/pong-gpu-seed-vtrace
+    cp "$pong_run"/{metrics.csv,returns.csv,summary.json,config.json} benchmarks/results/pong-gpu-seed-vtrace/ 2>/dev/null
+    tar czf "$out/results.tgz" BENCHMARKS.md benchmarks/results
+fi

@@ -13,13 +13,16 @@ import torch
 
 import conveyor
 from conveyor.config import AlgoCfg, ArchCfg, EnvCfg, ModelCfg, RunCfg
-from conveyor.acting import policy_step, step_targets
+from conveyor.acting import GsdeNoise, policy_step, step_targets
 from conveyor.learner import load_latest_checkpoint
 from conveyor.models import make_model
 from conveyor.transfer import to_device
 from tests.test_telemetry import NORMALIZED, RUNS
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a cuda device")
+
+PENDULUM = EnvCfg(id="Pendulum-v1", num_envs=4, num_workers=2)
+GSDE = ModelCfg(hidden=(16,), gsde=True, gsde_interval=4)
 
 CUDA_RUNS = {
     **RUNS,
@@ -29,8 +32,15 @@ CUDA_RUNS = {
     # A Gaussian policy: continuous actions sampled on the device.
     "paac-ppo-pendulum": dict(env=EnvCfg(id="Pendulum-v1", num_envs=4, num_workers=2, normalize_reward=True),
                               algo=AlgoCfg(name="ppo", ppo_minibatches=2), arch=ArchCfg(name="paac", unroll=16)),
-    "impact-pendulum": dict(env=EnvCfg(id="Pendulum-v1", num_envs=4, num_workers=2),
-                            algo=AlgoCfg(name="impact"), arch=ArchCfg(name="impact", worker_batch=16)),
+    "impact-pendulum": dict(env=PENDULUM, algo=AlgoCfg(name="impact"), arch=ArchCfg(name="impact", worker_batch=16)),
+    # gSDE: the noise table lives on the host and meets sigma and the features on the device, in every
+    # architecture's acting path (PAAC's checkpoint also carries the per-env step counts).
+    **{f"{arch}-{algo}-gsde": dict(env=PENDULUM, algo=AlgoCfg(name=algo), arch=arch_cfg, model=GSDE)
+       for arch, algo, arch_cfg in (("paac", "a2c", ArchCfg(name="paac")),
+                                    ("hts", "a2c", ArchCfg(name="hts", sync_interval=5)),
+                                    ("ga3c", "a2c", ArchCfg(name="ga3c", num_agents=4, min_train_batch=4, unroll=5)),
+                                    ("seed", "vtrace", ArchCfg(name="seed", local_actors=1, batch_size=4, unroll=8)),
+                                    ("impact", "impact", ArchCfg(name="impact", worker_batch=16)))},
 }
 
 
@@ -58,6 +68,21 @@ def test_sampling_with_a_cpu_generator_serves_a_cuda_model():
         on_cuda = model.cuda()(obs.cuda()).sample(generator=torch.Generator().manual_seed(0))
         assert on_cuda.device.type == "cuda"
         torch.testing.assert_close(on_cuda.cpu(), on_cpu, atol=1e-5, rtol=0)
+
+
+def test_gsde_actions_on_a_cuda_model_equal_the_cpu_models():
+    """The same envs, steps and seed act the same on either device (the noise is drawn on the host), across a
+    redraw of the noise."""
+    model = make_model(RunCfg(model=GSDE).model, gym.spaces.Box(-1, 1, (3,), np.float32),
+                       gym.spaces.Box(-2, 2, (2,), np.float32))
+    obs, envs = torch.randn(5, 3), np.array([4, 0, 7, 2, 9])
+    on_cpu, on_cuda = GsdeNoise(3, interval=4), GsdeNoise(3, interval=4)
+    expected = [policy_step(model, obs, gsde=on_cpu, envs=envs).actions for _ in range(6)]
+    model.cuda()
+    for step, actions in enumerate(expected):
+        got = policy_step(model, obs.cuda(), gsde=on_cuda, envs=envs).actions
+        assert got.device.type == "cuda"
+        torch.testing.assert_close(got.cpu(), actions, atol=1e-5, rtol=0, msg=f"step {step}")
 
 
 def test_to_device_copies_what_the_array_held_at_the_call():
