@@ -7,8 +7,9 @@
 #   paac-128     PAAC at 128 envs (with the two above: the best n_e / n_w);
 #   overlap-16, overlap-64       PAAC env groups off and on, on cuda (is --env-groups 2 faster there?);
 #   profile      a torch.profiler profile of PAAC's Pong step on cuda;
-#   pong-seed-vtrace  issue 15's seed/vtrace Pong command (defaults, 32 envs x 16 workers, cuda) for
-#                $PONG_SECONDS (default 300); its metrics land in benchmarks/results/pong-gpu-seed-vtrace/.
+#   pong-seed-vtrace, pong-impact-impact, pong-paac-a2c   issue 15's Pong command for that arch/algo (defaults,
+#                32 envs x 16 workers, cuda) for $PONG_SECONDS (default 300); metrics land in
+#                benchmarks/results/pong-gpu-ARCH-ALGO/.
 # Each step has its own time limit and a failure does not stop the next. Results land where the CPU runs'
 # do (benchmarks/results/, the marked sections of BENCHMARKS.md); the log and a tarball of both go to $1,
 # the tarball after every step. GPU_CHECKS="cuda-tests profile" runs only the steps named (default: all).
@@ -16,7 +17,7 @@
 #   benchmarks/gpu_checks.sh OUTDIR
 #
 # The machine needs torch with cuda plus this project's dependencies; where it cannot download, carry wheels
-# and put them on PYTHONPATH before calling (the device README's recipe). About 7 minutes on an H200.
+# and put them on PYTHONPATH before calling (the device README's recipe). About 7 minutes on an H200, plus the Pong runs.
 set -uo pipefail
 out=${1:?usage: benchmarks/gpu_checks.sh OUTDIR}
 mkdir -p "$out"
@@ -49,13 +50,14 @@ for layout in "16 16" "64 16"; do
     step 80 "overlap-$1" "$py" benchmarks/paac_overlap.py --settings pong --device cuda --envs "$1" --workers "$2" \
         --pong-seconds 20 --repeats 1 --out "benchmarks/results/paac_overlap_cuda_$1.json"
 done
-step 60 profile "$py" benchmarks/profile_pong_step.py --device cuda --envs 32 --workers 8 --steps 20000
-pong_run=/tmp/pong-gpu-seed-vtrace
-step $((${PONG_SECONDS:-300} + 60)) pong-seed-vtrace "$py" -m conveyor train --arch seed --algo vtrace --env ALE/Pong-v5 \
-    --num-envs 32 --num-workers 16 --device cuda --seed 1 --time-limit-s "${PONG_SECONDS:-300}" --no-progress \
-    --out "$pong_run"
-if [[ -d "$pong_run" ]]; then
-    mkdir -p benchmarks/results/pong-gpu-seed-vtrace
-    cp "$pong_run"/{metrics.csv,returns.csv,summary.json,config.json} benchmarks/results/pong-gpu-seed-vtrace/ 2>/dev/null
-    tar czf "$out/results.tgz" BENCHMARKS.md benchmarks/results
-fi
+step 90 profile "$py" benchmarks/profile_pong_step.py --device cuda --envs 32 --workers 8 --steps 20000
+for run in seed/vtrace impact/impact paac/a2c; do  # the three archs that issue 15 holds to +18 on a GPU
+    name="pong-${run/\//-}" results="benchmarks/results/pong-gpu-${run/\//-}"
+    step $((${PONG_SECONDS:-300} + 60)) "$name" "$py" -m conveyor train --arch "${run%/*}" --algo "${run#*/}" \
+        --env ALE/Pong-v5 --num-envs 32 --num-workers 16 --device cuda --seed 1 --time-limit-s "${PONG_SECONDS:-300}" \
+        --no-progress --out "/tmp/$name"
+    if [[ -f "/tmp/$name/metrics.csv" ]]; then
+        mkdir -p "$results" && cp "/tmp/$name"/{metrics.csv,returns.csv,summary.json,config.json} "$results"/
+        tar czf "$out/results.tgz" BENCHMARKS.md benchmarks/results
+    fi
+done

@@ -5,6 +5,7 @@ put extra state on the device (input statistics, a second trunk) switched on whe
 """
 
 import dataclasses
+import warnings
 
 import gymnasium as gym
 import numpy as np
@@ -15,7 +16,7 @@ import conveyor
 from conveyor.config import AlgoCfg, ArchCfg, EnvCfg, ModelCfg, RunCfg
 from conveyor.acting import GsdeNoise, policy_step, step_targets
 from conveyor.learner import load_latest_checkpoint
-from conveyor.models import make_model
+from conveyor.models import frozen_copy, make_model
 from conveyor.transfer import to_device
 from tests.test_telemetry import NORMALIZED, RUNS
 
@@ -83,6 +84,16 @@ def test_gsde_actions_on_a_cuda_model_equal_the_cpu_models():
         got = policy_step(model, obs.cuda(), gsde=on_cuda, envs=envs).actions
         assert got.device.type == "cuda"
         torch.testing.assert_close(got.cpu(), actions, atol=1e-5, rtol=0, msg=f"step {step}")
+
+
+def test_a_frozen_copy_of_a_cuda_lstm_keeps_its_weights_in_one_cudnn_chunk():
+    """A deep copy alone leaves them apart, and cuDNN warns and compacts them at every call (R2D2's target)."""
+    model = make_model(RunCfg(model=ModelCfg(hidden=(16,), lstm_size=8)).model, gym.spaces.Box(-1, 1, (4,), np.float32),
+                       gym.spaces.Discrete(3)).cuda()
+    obs, done = torch.randn(5, 2, 4, device="cuda"), torch.zeros(5, 2, device="cuda")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.testing.assert_close(frozen_copy(model)(obs, done=done).params, model(obs, done=done).params)
 
 
 def test_to_device_copies_what_the_array_held_at_the_call():

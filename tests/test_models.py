@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conveyor.config import ConfigError, ModelCfg
-from conveyor.models import Categorical, DiagGaussian, make_model
+from conveyor.models import Categorical, DiagGaussian, frozen_copy, make_model
 from conveyor.transfer import to_device
 
 IMAGE = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
@@ -101,6 +101,17 @@ def test_lstm_core_resets_on_done_and_carries_state():
     reset = model(obs, done=done)
     fresh = model(obs[3:], done=torch.zeros(3, 2))
     torch.testing.assert_close(reset.params[3:], fresh.params)
+
+
+def test_a_frozen_copy_computes_the_same_takes_no_gradients_and_keeps_its_own_weights():
+    model = make_model(model_cfg(name="mlp", lstm_size=8), VECTOR, DISCRETE)
+    obs, done = torch.randn(4, 2, 6), torch.zeros(4, 2)
+    frozen = frozen_copy(model)
+    torch.testing.assert_close(frozen(obs, done=done).params, model(obs, done=done).params)
+    assert not any(p.requires_grad for p in frozen.parameters()) and all(p.requires_grad for p in model.parameters())
+    with torch.no_grad():
+        next(model.parameters()).add_(1.0)  # a learner step on the original
+    assert not torch.equal(frozen(obs, done=done).params, model(obs, done=done).params)
 
 
 def test_dueling_head_q_values():

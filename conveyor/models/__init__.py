@@ -11,6 +11,7 @@ encoder is one of ``encoders.ENCODERS`` or your own (``--model MODULE:CLASS``,
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any
 
@@ -194,6 +195,19 @@ def make_model(cfg: ModelCfg, observation_space: gym.Space, action_space: gym.Sp
         raise ConfigError("normalize_obs standardizes float observations, and these are uint8 pixels (already "
                           "scaled to [0, 1] in the model): drop --normalize-obs")
     return ActorCritic(tuple(observation_space.shape), action_space, cfg, dueling, observation_space)
+
+
+def frozen_copy(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` on its device that takes no gradients (a target or acting network).
+
+    A deep copy leaves a cuda LSTM's weights in separate tensors, and cuDNN then compacts them into one chunk again
+    at every call: the copy's recurrent layers are flattened once here instead.
+    """
+    clone = copy.deepcopy(model).requires_grad_(False)
+    for module in clone.modules():
+        if isinstance(module, nn.RNNBase):
+            module.flatten_parameters()
+    return clone
 
 
 def parameter_count(model: nn.Module) -> int:

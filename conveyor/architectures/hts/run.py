@@ -45,7 +45,6 @@ episodes, so no transition is lost inside an episode or trained on twice.
 
 from __future__ import annotations
 
-import copy
 import time
 from typing import Any
 
@@ -58,7 +57,7 @@ from conveyor.config import RunCfg
 from conveyor.envs.history import EnvHistory
 from conveyor.architectures.hts.actors import (POLL_S, Actors, acting_tensors, copy_params, delayed_update,
                                                lagged_ppo_update, restart_dead_executors)
-from conveyor.models import make_model
+from conveyor.models import frozen_copy, make_model
 from conveyor.run import Run
 from conveyor.storage.double import DoubleStorage
 from conveyor.storage.rollout import ROLLOUT_FIELDS, RolloutStorage
@@ -103,7 +102,7 @@ def run(cfg: RunCfg) -> dict[str, Any]:
         learner = run.learner(model, algos.make_loss(cfg))
         # The acting parameters (theta_t of the round) and, for A2C's delayed gradient (eq. 6), the gradient point
         # of the next update (theta_{t-1}); PPO's update reads theta_{t-1}'s log-probs from the batch instead.
-        acting = copy.deepcopy(learner.model).requires_grad_(False)
+        acting = frozen_copy(learner.model)
         delayed_gradient = cfg.algo.name != "ppo"
         behaviour = [t.detach().clone() for t in acting_tensors(learner.model)] if delayed_gradient else None
         schema = RolloutSchema.build(obs_space, model.policy, ROLLOUT_FIELDS)

@@ -39,7 +39,6 @@ workers), ``wait`` the learner waiting for a batch, ``learn`` its updates.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
@@ -49,7 +48,7 @@ from conveyor.acting import forward_unrolls
 from conveyor.config import RunCfg
 from conveyor.errors import WorkerFailure
 from conveyor.envs import env_spaces
-from conveyor.models import make_model
+from conveyor.models import frozen_copy, make_model
 from conveyor.run import Run
 from conveyor.storage.circular import CircularBuffer
 from conveyor.architectures.impact.workers import POLL_S, SLOTS_PER_WORKER, Workers, batch_fields, pool_specs
@@ -64,7 +63,7 @@ def run(cfg: RunCfg) -> dict[str, Any]:
         obs_space, action_space = env_spaces(cfg.env, cfg.seed)
         model = make_model(cfg.model, obs_space, action_space)
         learner = run.learner(model, algos.make_loss(cfg))
-        target = copy.deepcopy(model).requires_grad_(False) if use_target else None
+        target = frozen_copy(model) if use_target else None
         pool = run.closing(SharedArrays(pool_specs(cfg, obs_space, action_space)))
         params = run.closing(ParamBlock(model))
         params.publish(model, learner.version)

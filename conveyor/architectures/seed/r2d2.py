@@ -21,7 +21,6 @@ The parts, none tied to the gRPC transport:
 from __future__ import annotations
 
 import contextlib
-import copy
 import threading
 from typing import Any
 
@@ -34,7 +33,7 @@ from conveyor import algos
 from conveyor.acting import forward_step, forward_unrolls
 from conveyor.config import ConfigError, RunCfg
 from conveyor.learner import Learner, LossFn
-from conveyor.models import make_model
+from conveyor.models import frozen_copy, make_model
 from conveyor.returns import value_rescale_inverse
 from conveyor.run import Run
 from conveyor.storage.replay import SequenceReplay, check_replay_fits
@@ -238,7 +237,7 @@ class R2D2Learner(Learner):
     def __init__(self, model: nn.Module, loss_fn: LossFn, cfg: RunCfg):
         super().__init__(model, self._loss_keeping_priorities, cfg)
         self.r2d2_loss = loss_fn
-        self.target_model = copy.deepcopy(self.model).requires_grad_(False)
+        self.target_model = frozen_copy(self.model)
         self.burn_in = cfg.arch.burn_in
         self.target_update_interval = cfg.arch.target_update
         self.priorities = torch.zeros(0)  # of the last update's batch
