@@ -17,7 +17,8 @@
 #   benchmarks/gpu_checks.sh OUTDIR
 #
 # The machine needs torch with cuda plus this project's dependencies; where it cannot download, carry wheels
-# and put them on PYTHONPATH before calling (the device README's recipe). About 7 minutes on an H200, plus the Pong runs.
+# and put them on PYTHONPATH before calling (the device README's recipe). About 7 minutes on an H200, plus the
+# Pong runs.
 set -uo pipefail
 out=${1:?usage: benchmarks/gpu_checks.sh OUTDIR}
 mkdir -p "$out"
