@@ -307,8 +307,8 @@ ALGO_FAMILY: dict[tuple[str, str], dict[str, Any]] = {
         "arch.worker_batch": 50,  # source: tuned here: tests/test_impact.py Pendulum run
         "arch.replay_times": 16,  # source: tuned here: tests/test_impact.py Pendulum run (K = 16)
         "algo.lr": 3e-4,  # source: CleanRL ppo_continuous_action.py 3e-4, as the PPO preset; tuned here: impact
-        # Pendulum seeds 1-3 at 300k: -200, -342, -197 (rl-zoo's 1e-3, made for gSDE: -202, -399, -274; 3e-4 annealed
-        # linearly to 0: -359, -236, -225)
+        # Pendulum seeds 1-5 at 300k: -200, -342, -197, -208, -168 (rl-zoo's 1e-3, made for gSDE: -202, -399, -274;
+        # 3e-4 annealed linearly to 0: -359, -236, -225)
     },
     ("impact", "mujoco"): {
         **CONTINUOUS_CONTROL,
