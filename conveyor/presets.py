@@ -263,6 +263,9 @@ ALGO_FAMILY: dict[tuple[str, str], dict[str, Any]] = {
     },
     ("vtrace", "atari"): {
         "algo.lr": 6e-4,  # source: IMPALA Atari lr 0.0006; Adam (the issue 15 RMSProp eps 0.1 stalled Pong)
+        "arch.batch_size": 8,  # source: tuned here: 160 steps per update, as PAAC's 32 x 5 (IMPALA's 32 x 20 made
+        # 1,709 updates in 1.09M Pong steps and left the policy uniform, -20.4; with 8: -17.4 at 1.67M, seed 1;
+        # BENCHMARKS.md, 2026-11-26)
     },
     ("vtrace", "classic-discrete"): {
         "env.num_envs": 8,  # source: tuned here: README seed example, 2 local actors x 8 envs
