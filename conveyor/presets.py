@@ -275,8 +275,8 @@ ALGO_FAMILY: dict[tuple[str, str], dict[str, Any]] = {
     },
     ("vtrace", "classic-continuous"): {  # rl-zoo's A2C recipe for Pendulum-v1 (a2c.yml): V-trace on 8-step unrolls
         # is A2C's n-step return with importance weights, and it learns only with gSDE and PyTorch's default init
-        # (seed/vtrace Pendulum-v1 at 300k, seeds 1-7: -201/-1150/-228/-245/-273/-224/-240; Adam 1e-3, unroll 20,
-        # no gSDE: ~-1000; SB3 A2C with orthogonal init: -1023; BENCHMARKS.md, 2026-11-26)
+        # (seed/vtrace Pendulum-v1 at 300k, seeds 1-9: -201/-1150/-228/-245/-273/-224/-240/-405/-265; Adam 1e-3,
+        # unroll 20, no gSDE: ~-1000; SB3 A2C with orthogonal init: -1023; BENCHMARKS.md, 2026-11-26)
         **CONTINUOUS_CONTROL,
         "env.num_envs": 8,  # source: tuned here: as on classic-discrete (2 local actors x 8 envs; rl-zoo A2C: 8)
         "arch.batch_size": 8,  # source: tuned here: as on classic-discrete
