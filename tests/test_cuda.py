@@ -30,7 +30,7 @@ CUDA_RUNS = {
     "impact-impala": dict(arch=ArchCfg(name="impact", preset="impala", worker_batch=16, buffer_batches=2)),
     "hts-a2c": dict(algo=AlgoCfg(name="a2c"), arch=ArchCfg(name="hts", sync_interval=5)),
     # A Gaussian policy: continuous actions sampled on the device.
-    "paac-ppo-pendulum": dict(env=EnvCfg(id="Pendulum-v1", num_envs=4, num_workers=2, normalize_reward=True),
+    "paac-ppo-pendulum": dict(env=dataclasses.replace(PENDULUM, normalize_reward=True),
                               algo=AlgoCfg(name="ppo", ppo_minibatches=2), arch=ArchCfg(name="paac", unroll=16)),
     "impact-pendulum": dict(env=PENDULUM, algo=AlgoCfg(name="impact"), arch=ArchCfg(name="impact", worker_batch=16)),
     # gSDE: the noise table lives on the host and meets sigma and the features on the device, in every
