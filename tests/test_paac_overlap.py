@@ -144,10 +144,10 @@ def test_a_worker_killed_in_one_group_is_restarted_in_that_groups_wait_only():
         first, second = venv.split(2)
         venv.reset()
         first.step_async(np.zeros(2, int))
-        second.step_async(np.zeros(2, int))
         victim = venv._workers[1].process
-        victim.kill()
+        victim.kill()  # before its command: killed after it, the worker may already have answered the step
         victim.wait()
+        second.step_async(np.zeros(2, int))
         assert not first.step_wait().restarted.any() and venv.restarts == 0  # the other group's death is not its
         assert second.step_wait().restarted.all() and venv.restarts == 1
         for _ in range(3):  # both go on
