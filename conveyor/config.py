@@ -144,8 +144,9 @@ class EnvCfg:
     ``conveyor/StepTime-v0``, or ``MODULE:ID`` for an env of your own (importing ``MODULE`` registers ``ID``)."""
     num_envs: int | None = None
     """n_e: envs stepped in lockstep (or, in async architectures, envs per actor/worker group)."""
-    num_workers: int = 2
-    """n_w: worker processes that step the envs; each owns num_envs / num_workers of them."""
+    num_workers: int | None = None
+    """n_w: worker processes that step the envs; each owns num_envs / num_workers of them. Preset: up to 2; on
+    Atari up to the CPUs this process may use (shared among SEED's local actors); a divisor of num_envs."""
     backend: str = "shm"
     """Vectorized stepping backend: ``shm`` (our shared-memory workers) or ``envpool`` (C++ threads)."""
     env_args: tuple[tuple[str, Any], ...] = ()
@@ -180,7 +181,7 @@ class EnvCfg:
         if self.normalize_reward and self.backend != "shm":
             raise ConfigError("normalize_reward runs inside the shm env workers: use --env-backend shm or drop "
                               "--normalize-reward")
-        if self.num_envs is not None and self.num_envs % self.num_workers:
+        if self.num_envs is not None and self.num_workers is not None and self.num_envs % self.num_workers:
             raise ConfigError(
                 f"num_envs ({self.num_envs}) is not divisible by num_workers ({self.num_workers}): "
                 "choose num_envs as a multiple of num_workers"
@@ -480,8 +481,9 @@ class RunCfg:
     """Output directory; empty means runs/<arch>-<algo>-<env>-<seed>-<time>."""
     resume: str = ""
     """Directory of an earlier run whose latest checkpoint to continue."""
-    device: str = "cpu"
-    """Torch device for the learner (``cpu``, ``cuda``, ``cuda:1``)."""
+    device: str | None = None
+    """Torch device for the learner (``cpu``, ``cuda``, ``cuda:1``). Preset: ``cuda`` on Atari where torch sees a
+    GPU, else ``cpu`` (the MLPs of the other families run faster on the CPU)."""
     log_interval_s: float = 2.0
     """Seconds between metrics.csv rows and console updates."""
     checkpoint_every: int = 0

@@ -48,7 +48,7 @@ from conveyor.envs import env_spaces, make_env
 from conveyor.evaluate import EVAL_EPSILON, load_run_config, model_for_checkpoint
 from conveyor.learner import CheckpointError, checkpoint_name, load_checkpoint, load_latest_checkpoint
 from conveyor.models import ModelOut
-from conveyor.transfer import to_device
+from conveyor.transfer import to_device, usable_device
 
 
 class RecurrentState(NamedTuple):
@@ -277,10 +277,7 @@ def load_policy(run_dir: Path | str, checkpoint: str | int | None = "latest", de
     if not run_dir.is_dir():
         raise ConfigError(f"run directory {run_dir} does not exist: pass the --out DIR of a conveyor run")
     cfg = load_run_config(run_dir)
-    try:
-        device = torch.device(device)
-    except RuntimeError:
-        raise ConfigError(f"unknown device {str(device)!r}: use cpu, cuda or cuda:N") from None
+    device = usable_device(device)
     path = checkpoint_file(run_dir, checkpoint)
     if path is None:
         path, state = load_latest_checkpoint(run_dir, device)

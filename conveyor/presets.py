@@ -36,6 +36,7 @@ came from.
 from __future__ import annotations
 
 import dataclasses
+import os
 import types
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -77,6 +78,50 @@ class Derived:
         return self.text
 
 
+def usable_cpus() -> int:
+    """CPUs this process may run on: its affinity mask (a container's or ``taskset``'s share, not the host's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity masks (macOS, Windows)
+        return os.cpu_count() or 1
+
+
+def accelerator() -> str:
+    """``cuda`` where torch sees a GPU, else ``cpu``."""
+    import torch  # here, not at import: ``conveyor --help`` and the tables stay fast
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def env_workers(num_envs: int, most: int) -> int:
+    """Worker processes for ``num_envs`` envs: the largest divisor of ``num_envs`` not above ``most`` (so each
+    worker owns as many envs; at least 1)."""
+    return max(d for d in range(1, max(1, min(num_envs, most)) + 1) if num_envs % d == 0)
+
+
+def _launch_size(name: str) -> int:
+    """torchrun's ``WORLD_SIZE`` or ``LOCAL_WORLD_SIZE``: 1 without torchrun (or unreadable: ``DataParallel``
+    refuses that in one line)."""
+    try:
+        return max(1, int(os.environ.get(name, "1")))
+    except ValueError:
+        return 1
+
+
+def _rank_envs(c: Any) -> int:
+    """The envs one process steps on its own workers: under torchrun each rank steps its share of num_envs."""
+    ranks = _launch_size("WORLD_SIZE")
+    return c.env.num_envs // ranks if c.env.num_envs % ranks == 0 else c.env.num_envs
+
+
+def _cpus_per_env_host(c: Any) -> int:
+    """CPUs for the env workers of one env host: torchrun's ranks on this machine, and SEED's local actors, each
+    run their own."""
+    hosts = _launch_size("LOCAL_WORLD_SIZE") * (c.arch.local_actors if c.arch.name == "seed" and c.arch.local_actors
+                                                else 1)
+    return max(2, usable_cpus() // hosts)
+
+
 # The architecture's own algorithm, when --algo is not given.
 ARCH_ALGO: dict[str, str] = {
     "paac": "a2c",  # source: PAAC paper (Clemente et al. 2017), algorithm 1
@@ -89,6 +134,10 @@ ARCH_ALGO: dict[str, str] = {
 BASE: dict[str, Any] = {
     "total_steps": 500_000,  # source: tuned here: `conveyor train` solves CartPole-v1 in ~170k steps; 3x headroom
     "env.num_envs": 16,  # source: tuned here: 16 envs on the 2 default workers (README, paac: default job)
+    "env.num_workers": Derived("up to 2, a divisor of num_envs (a torchrun rank's share)",  # source: tuned here:
+                               lambda c: env_workers(_rank_envs(c), 2)),  # cheap envs step fastest on 2 workers
+    # (README, the default job)
+    "device": "cpu",  # source: SB3 docs, PPO: "meant to be run primarily on the CPU" without a CNN policy
     "env.normalize_reward": False,  # source: PAAC, IMPALA, SEED train on raw (clipped) rewards
     "model.name": "auto",  # source: SB3/CleanRL MLP for vectors; Nature CNN for frames (Mnih et al. 2015)
     "model.hidden": (64, 64),  # source: SB3 and CleanRL MLP policies: two layers of 64
@@ -175,6 +224,12 @@ FAMILY: dict[str, dict[str, Any]] = {
     "atari": {
         "total_steps": 10_000_000,  # source: rl-zoo a2c.yml / ppo.yml atari n_timesteps 1e7
         "env.num_envs": 32,  # source: PAAC section 5.1: n_e = 32
+        "env.num_workers": Derived("up to the CPUs (per SEED actor, rank)",  # source: tuned here: Pong steps as
+                                   lambda c: env_workers(_rank_envs(c), _cpus_per_env_host(c))),  # fast as its
+        # env processes: 1,906 SPS on 2 (2-core CPU), 4,280 on 8 and 5,974 with 64 envs on 16 (16-core H200
+        # machine); issue 15's cuda Pong runs: 32 envs on 16 workers (BENCHMARKS.md "env limit")
+        "device": Derived("cuda where torch sees a GPU",  # source: CleanRL ppo_atari.py --cuda True (the GPU when
+                          lambda c: accelerator()),  # there is one); SB3 device "auto"
     },
     "classic-continuous": {
         "algo.gamma": 0.9,  # source: rl-zoo ppo.yml Pendulum-v1 gamma 0.9

@@ -1,4 +1,4 @@
-"""Host-to-device copies that leave the host free.
+"""Devices: which ones this machine has (``usable_device``), and host-to-device copies that leave the host free.
 
 ``tensor.to("cuda")`` from ordinary (pageable) host memory makes the host wait for the GPU: PyTorch
 synchronizes the stream after such a copy. An acting loop that moves observations, rewards and random draws to
@@ -18,6 +18,29 @@ from __future__ import annotations
 import numpy as np
 import torch
 from torch import Tensor
+
+from conveyor.errors import ConfigError
+
+
+def usable_device(name: str | torch.device) -> torch.device:
+    """``name`` as a ``torch.device`` this machine can compute on, else a ``ConfigError`` naming the fix: a cuda
+    device where torch sees no GPU (a CPU-only build, no driver, ``CUDA_VISIBLE_DEVICES`` empty) or fewer than
+    its index, ``mps`` off Apple silicon. A run resumed on another machine meets this before any process starts."""
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"unknown device {str(name)!r}: use cpu, cuda or cuda:N") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if not count:
+            why = "this torch is a CPU-only build" if torch.version.cuda is None else "torch sees no CUDA GPU"
+            raise ConfigError(f"--device {name}: {why}: pass --device cpu")
+        if device.index is not None and device.index >= count:
+            raise ConfigError(f"--device {name}: torch sees {count} GPU(s), cuda:0 to cuda:{count - 1}: "
+                              "pass one of those")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"--device {name}: MPS is not available here (Apple silicon only): pass --device cpu")
+    return device
 
 
 def to_device(data: np.ndarray | Tensor, device: torch.device | str, dtype: torch.dtype | None = None) -> Tensor:

@@ -6,9 +6,12 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
+from conveyor import load_policy
 from conveyor.cli import config_from_args, build_parser, main
 from conveyor.config import ArchCfg, ConfigError, EnvCfg, RunCfg
+from conveyor.transfer import usable_device
 
 
 def run_cli(*args):
@@ -65,6 +68,47 @@ def test_corrupt_checkpoint_on_resume_exits_2(capsys, tmp_path):
     (run_dir / "checkpoints" / "ckpt-000000000001.pt").write_bytes(b"garbage")
     assert main(["train", "--resume", str(run_dir)]) == 2
     assert "corrupt" in capsys.readouterr().err
+
+
+NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+
+
+@NO_GPU
+@pytest.mark.parametrize("device", ["cuda", "cuda:1"])
+def test_a_cuda_device_without_a_gpu_exits_2_before_the_run_starts(capsys, tmp_path, device):
+    assert main(["train", "--device", device, "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"--device {device}" in err and "pass --device cpu" in err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
+
+
+@NO_GPU
+def test_a_cuda_run_resumed_without_a_gpu_names_the_flag_that_moves_it(capsys, tmp_path):
+    """A run whose preset chose cuda (Atari on a GPU machine) recorded it in config.json: continued on a machine
+    without one, it stops with the fix before touching the run directory's files."""
+    (tmp_path / "config.json").write_text(RunCfg(device="cuda", total_steps=100, out=str(tmp_path)).to_json())
+    assert main(["train", "--resume", str(tmp_path)]) == 2
+    assert "pass --device cpu" in capsys.readouterr().err
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["config.json"]
+
+
+@NO_GPU
+def test_acting_on_a_cuda_device_without_a_gpu_is_a_config_error(tmp_path):
+    """``load_policy`` (``conveyor enjoy --device``) checks the device as training does."""
+    (tmp_path / "config.json").write_text(RunCfg(out=str(tmp_path)).to_json())
+    with pytest.raises(ConfigError, match="pass --device cpu"):
+        load_policy(tmp_path, device="cuda")
+
+
+def test_a_gpu_index_past_the_gpus_torch_sees_is_refused(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert usable_device("cuda:1") == torch.device("cuda:1")
+    with pytest.raises(ConfigError, match="torch sees 2 GPU"):
+        usable_device("cuda:2")
+    with pytest.raises(ConfigError, match="unknown device"):
+        usable_device("cuda:x")
 
 
 def test_resume_of_a_dir_without_config_exits_2(capsys, tmp_path):

@@ -236,3 +236,50 @@ def test_learner_threads_one_for_small_models_and_by_architecture_for_large_cnns
                        ("seed", "CartPole-v1"): 1, ("seed", "ALE/Pong-v5"): 4, ("seed", "MinAtar/Breakout-v1"): 1}
     assert RunCfg(model=ModelCfg(name="nature_cnn"), env=EnvCfg(id="CartPole-v1")).learner_threads == 8
     assert RunCfg(torch_threads=3).learner_threads == 3
+
+
+def test_env_workers_are_the_largest_divisor_of_the_envs_up_to_the_bound():
+    assert [presets.env_workers(envs, 2) for envs in (1, 2, 3, 16)] == [1, 2, 1, 2]
+    assert [presets.env_workers(32, most) for most in (1, 2, 6, 16, 64)] == [1, 2, 4, 16, 32]
+
+
+def test_an_odd_env_count_alone_gets_workers_that_divide_it():
+    cfg = RunCfg(env=EnvCfg(num_envs=3))
+    assert cfg.env.num_workers == 1 and cfg.preset_sources["env.num_workers"] == "base"
+
+
+def test_atari_steps_its_envs_on_every_cpu_and_learns_on_the_gpu_where_there_is_one(monkeypatch):
+    """On a 16-CPU machine with a GPU, Atari runs spread 32 envs over 16 workers (8 per local SEED actor, which
+    each run their own) and learn on cuda; the other families keep 2 workers and the CPU; flags win."""
+    monkeypatch.setattr(presets, "usable_cpus", lambda: 16)
+    monkeypatch.setattr(presets, "accelerator", lambda: "cuda")
+    pong = {arch: RunCfg(env=EnvCfg(id="ALE/Pong-v5"), arch=ArchCfg(name=arch)) for arch in ARCH_ALGOS}
+    assert {arch: cfg.env.num_workers for arch, cfg in pong.items()} == {
+        "paac": 16, "ga3c": 16, "seed": 8, "impact": 16, "hts": 16}
+    assert {cfg.device for cfg in pong.values()} == {"cuda"}
+    remote = RunCfg(env=EnvCfg(id="ALE/Pong-v5"), arch=ArchCfg(name="seed", local_actors=0))
+    assert remote.env.num_workers == 16
+    for env_id in ("CartPole-v1", "Pendulum-v1", "MinAtar/Breakout-v1"):
+        cfg = RunCfg(env=EnvCfg(id=env_id))
+        assert (cfg.env.num_workers, cfg.device) == (2, "cpu"), env_id
+    explicit = RunCfg(env=EnvCfg(id="ALE/Pong-v5", num_workers=4), device="cpu")
+    assert (explicit.env.num_workers, explicit.device) == (4, "cpu")
+    assert "env.num_workers" not in explicit.preset_sources and "device" not in explicit.preset_sources
+    monkeypatch.setattr(presets, "usable_cpus", lambda: 1)
+    assert RunCfg(env=EnvCfg(id="ALE/Pong-v5")).env.num_workers == 2
+
+
+def test_torchrun_ranks_each_split_their_share_of_the_envs_over_their_share_of_the_cpus(monkeypatch):
+    """Under torchrun (two ranks on this 16-CPU machine) each rank steps half the envs on its own workers: the
+    preset splits each half over half the CPUs, and the batch still splits into ranks x workers."""
+    from conveyor.distributed import check_config
+
+    monkeypatch.setattr(presets, "usable_cpus", lambda: 16)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    pong = RunCfg(env=EnvCfg(id="ALE/Pong-v5"), out="run")
+    assert pong.env.num_workers == 8
+    check_config(pong, 2)
+    six = RunCfg(env=EnvCfg(num_envs=6), out="run")
+    assert six.env.num_workers == 1  # 3 envs per rank
+    check_config(six, 2)

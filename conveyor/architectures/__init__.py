@@ -9,10 +9,12 @@ from typing import Any
 
 from conveyor.config import RunCfg
 from conveyor.imports import is_ref
+from conveyor.transfer import usable_device
 
 
 def run(cfg: RunCfg) -> dict[str, Any]:
     """Train with the architecture named by ``cfg.arch.name``; returns the summary."""
+    usable_device(cfg.device)
     if is_ref(cfg.model.name):  # an encoder of your own: a misfit is refused before any process starts
         from conveyor.envs import env_spaces
         from conveyor.models import make_model

@@ -32,6 +32,7 @@ from typing import Any, Callable
 from conveyor.bench.report import device_name, publish_results, row_line, update_markdown_section, write_csv, write_results
 from conveyor.bench.suites import SUITES, Suite, learning_suite
 from conveyor.config import ConfigError
+from conveyor.presets import accelerator
 
 __all__ = ["add_arguments", "device_name", "main", "publish_results", "run_suite", "update_markdown_section", "write_csv"]
 
@@ -90,7 +91,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run only the envs whose id contains one of these (e.g. CartPole,Pendulum)")
     parser.add_argument("--archs", type=_parse_list, default=(), metavar="ARCH,ARCH",
                         help="run only these architectures (e.g. paac,impact)")
-    parser.add_argument("--device", default=None, help="torch device of the conveyor learners (default: cpu)")
+    parser.add_argument("--device", default=None, help="torch device of the conveyor learners (default: the preset's, cuda for Atari "
+                        "where torch sees a GPU, else cpu)")
     parser.add_argument("--markdown", "--update-markdown", type=Path, default=None, metavar="FILE",
                         help="also set this suite's section of FILE (e.g. BENCHMARKS.md) to the results")
     parser.add_argument("--list", action="store_true", help="print the suite's runs and exit")
@@ -103,7 +105,7 @@ def select_suite(args: argparse.Namespace) -> Suite:
         raise ConfigError("--quick and --budget-scale belong to the learning suite: use them with --suite learning")
     if args.suite == "learning":
         suite = learning_suite(args.seeds, quick=args.quick, budget_scale=args.budget_scale,
-                               device=args.device or "cpu")
+                               device=args.device or accelerator())
     else:
         suite = SUITES[args.suite](args.seeds or (0,))
     runs = suite.runs
