@@ -25,10 +25,11 @@ from typing import Any, Callable
 from conveyor import presets
 from conveyor.config import (AlgoCfg, ArchCfg, ConfigError, EnvCfg, ModelCfg, RunCfg, field_docs,
                              read_config_file)
-from conveyor.errors import RunFailure, WorkerFailure
+from conveyor.errors import RunFailure, StoppedWhileStarting, WorkerFailure
 
 USAGE_ERROR = 2
 RUN_FAILED = 1
+INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 
 # Flags whose names differ from their field's name (the rest are --field-name).
 RENAMED_FLAGS = {
@@ -232,6 +233,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C outside a run's own signal handling (while torch imports, say): no traceback
+        print("conveyor: interrupted", file=sys.stderr)
+        return INTERRUPTED
+
+
+def _main(argv: list[str] | None) -> int:
     from conveyor.learner import CheckpointError
 
     expected: tuple[type[BaseException], ...] = (UsageError, ConfigError, CheckpointError)
@@ -246,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     except expected as error:
         print(f"conveyor: error: {error}", file=sys.stderr)
         return USAGE_ERROR
+    except StoppedWhileStarting as error:
+        print(f"conveyor: stopped: {error}", file=sys.stderr)
+        return 0
     except WorkerFailure as error:
         first_line = str(error).strip().splitlines()[0]
         print(f"conveyor: run failed: {first_line}; continue from the run's last checkpoint with --resume DIR",

@@ -16,6 +16,12 @@ class WorkerDied(WorkerFailure):
     process that hosts it may treat this as its own death, so that it is restarted in turn."""
 
 
+class StoppedWhileStarting(RuntimeError):
+    """The run was asked to stop (a signal) while its env workers were still starting: building their envs, or
+    rebuilding a resumed run's games by replaying their actions, which can take a while on Atari. They are
+    killed; no step ran, so there is nothing new to save and the run's last checkpoint stands (exit code 0)."""
+
+
 class RunFailure(RuntimeError):
     """The run cannot go on, for a reason of its own rather than a worker's: updates that keep coming out
     non-finite (NaN/inf loss or gradients), a checkpoint that cannot be written (a full disk). The message

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fault_env import children, descendants
+from tests.fault_env import HANGING_ID, children, descendants
 
 
 def alive(pid: int) -> bool:
@@ -117,3 +117,51 @@ def test_ctrl_c_then_resume_reaches_the_parameters_of_an_uninterrupted_run(tmp_p
     final = json.loads((out / "summary.json").read_text())
     assert final["env_steps"] == expected["env_steps"]
     assert final["param_sha256"] == expected["param_sha256"]
+
+
+def test_a_signal_while_a_resumed_run_replays_its_games_stops_at_once_and_keeps_the_checkpoint(tmp_path):
+    """A resumed run's env workers first replay each env's episode so far (seconds on Atari). Ctrl-C then kills
+    them at once (there is no step to finish): exit 0, one line saying so, the checkpoint as it was, no orphans."""
+    out = tmp_path / "run"
+    args = [sys.executable, "-m", "conveyor.cli", "train", "--no-progress", "--torch-threads", "1"]
+    first = subprocess.run(args + ["--out", str(out), "--env", HANGING_ID, "--env-arg", "hang_at=1000000000",
+                                   "--total-steps", "2000", "--target-return", "inf"],
+                           capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    (checkpoint,) = (out / "checkpoints").glob("*.pt")
+    saved = checkpoint.read_bytes()
+    # The 4th step of an env hangs, creating marker.0: one the resumed run replays (the start-up check of the
+    # env's API steps a fresh one 3 times; every episode lasts 4 to 8 steps, and seed 0's run leaves envs deep
+    # enough into theirs).
+    marker = tmp_path / "replaying"
+    proc = subprocess.Popen(args + ["--resume", str(out), "--total-steps", "4000", "--env-arg", "hang_at=4",
+                                    "--env-arg", f"marker={marker}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not Path(f"{marker}.0").exists():
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() < deadline, "the resumed run never replayed a step"
+        time.sleep(0.05)
+    workers = descendants(proc.pid)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr
+    assert "replaying the resumed run's games when the run was asked to stop" in lines[0]
+    assert [path.name for path in (out / "checkpoints").glob("*.pt")] == [checkpoint.name]
+    assert checkpoint.read_bytes() == saved
+    assert not [pid for pid in workers if alive(pid)], "a worker process outlived the run"
+
+
+def test_ctrl_c_outside_a_run_is_one_line_and_exit_130(monkeypatch, capsys):
+    """A Ctrl-C where no run's signal handler holds it (while the CLI still imports torch, say) is a
+    KeyboardInterrupt: one line and the shell's code for it, no traceback."""
+    from conveyor import cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "cmd_presets", interrupted)
+    assert cli.main(["presets"]) == 130
+    assert capsys.readouterr().err == "conveyor: interrupted\n"

@@ -57,7 +57,7 @@ import gymnasium as gym
 import numpy as np
 
 from conveyor.config import ConfigError, EnvCfg
-from conveyor.errors import WorkerDied, WorkerFailure
+from conveyor.errors import StoppedWhileStarting, WorkerDied, WorkerFailure
 from conveyor.envs.envpool_backend import EnvpoolVectorEnv
 from conveyor.envs.history import EnvHistory
 from conveyor.envs.make import env_spaces
@@ -464,12 +464,23 @@ class ShmVectorEnv:
             f"{worker.describe()} of {self.cfg.id!r} hung while {action}: no env call began and no answer came "
             f"for {timeout:g} s (--env-step-timeout-s; raise it if the env is that slow); killed it"))
 
+    def _starting(self, action: str) -> bool:
+        """Whether the workers are still building their envs, or replaying a resumed run's games: no step ran."""
+        return action == "starting" or self._replaying
+
     def _abandon(self, workers: list[_Worker], action: str) -> Exception:
-        """Kill ``workers``, which did not answer within ``CLOSE_GRACE_S`` of the stop request, and say so."""
+        """Kill ``workers``, which did not answer when the run was asked to stop, and say so: at once while they
+        start (a ``StoppedWhileStarting``: there is no step to finish), else after ``CLOSE_GRACE_S`` (a
+        ``WorkerFailure``)."""
         for worker in workers:
             worker.process.kill()
             worker.process.wait()
         named = ", ".join(worker.describe() for worker in workers)
+        if self._starting(action):
+            doing = "replaying the resumed run's games" if self._replaying else action
+            return self._fail(StoppedWhileStarting(
+                f"{named} of {self.cfg.id!r} still {doing} when the run was asked to stop: killed; no step ran, "
+                "so nothing new is saved"))
         return self._fail(WorkerFailure(f"{named} of {self.cfg.id!r} still {action} {CLOSE_GRACE_S:g} s after "
                                         "the run was asked to stop: killed"))
 
@@ -524,7 +535,7 @@ class ShmVectorEnv:
                     if worker.process.poll() is not None and worker.reply_fd in worker_by_fd:
                         restart(worker)
                 stopping = self._stopping_since() if waiting else 0.0
-                if stopping and time.monotonic() - stopping > CLOSE_GRACE_S:
+                if stopping and (self._starting(action) or time.monotonic() - stopping > CLOSE_GRACE_S):
                     raise self._abandon([self._workers[index] for index in sorted(waiting)], action)
                 for index in sorted(waiting):
                     worker = self._workers[index]
