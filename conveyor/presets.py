@@ -448,7 +448,7 @@ def env_family(env_id: str, env_args: tuple[tuple[str, Any], ...] = ()) -> str:
 
         # Imported here: importing any conveyor.envs module first runs conveyor/envs/__init__.py, which
         # imports conveyor.config, which imports this module (neither file below imports config itself).
-        from conveyor.envs.gym_api import gym_make
+        from conveyor.envs.gym_api import entry_module, gym_make
         from conveyor.envs.step_time import ENV_ID as STEP_TIME_ID
 
         if env_id == STEP_TIME_ID:
@@ -456,9 +456,7 @@ def env_family(env_id: str, env_args: tuple[tuple[str, Any], ...] = ()) -> str:
         else:
             env = gym_make(env_id, dict(env_args))
             try:
-                entry = env.spec.entry_point if env.spec is not None else ""
-                module = entry.partition(":")[0] if isinstance(entry, str) else getattr(entry, "__module__", "")
-                if "mujoco" in module.split("."):
+                if "mujoco" in entry_module(env.spec).split("."):
                     family = "mujoco"
                 elif isinstance(env.action_space, gym.spaces.Discrete):
                     family = "classic-discrete"

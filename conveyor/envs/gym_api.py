@@ -10,6 +10,7 @@ user typed it in the config, so a resumed run or a SEED actor on another host re
 
 from __future__ import annotations
 
+import sys
 from importlib import metadata
 from typing import Any
 
@@ -28,6 +29,10 @@ PLUGIN_GROUP = "gymnasium.envs"
 """Entry-point group through which installed packages offer to register their envs (name: the id namespace)."""
 
 _ID_HINT = "use a gymnasium id such as CartPole-v1, ALE/Pong-v5 or HalfCheetah-v5, or MODULE:ID for your own env"
+
+MUJOCO_ASSET_WARNINGS = ("compiler attribute 'settotalmass' is deprecated",)
+"""Starts of MuJoCo warnings about gymnasium's own model files (MuJoCo 4 deprecates an attribute that
+``half_cheetah.xml`` sets): nothing a user can fix, printed by every process that builds the env; dropped."""
 
 
 _plugins_loaded: set[str] = set()
@@ -78,6 +83,32 @@ def _prepare(env_id: str) -> None:
         _load_plugin(name)
 
 
+def entry_module(spec: gym.envs.registration.EnvSpec | None) -> str:
+    """The module of ``spec``'s entry point (``"gymnasium.envs.mujoco.half_cheetah_v5"``); "" without one."""
+    entry = spec.entry_point if spec is not None else ""
+    return entry.partition(":")[0] if isinstance(entry, str) else getattr(entry, "__module__", "")
+
+
+def _print_mujoco_warning(message: str) -> None:
+    if not message.startswith(MUJOCO_ASSET_WARNINGS):
+        print(f"MuJoCo warning: {message}", file=sys.stderr, flush=True)
+
+
+_mujoco_warnings_routed = False
+
+
+def _route_mujoco_warnings(env_id: str) -> None:
+    """Before this process builds its first MuJoCo env: MuJoCo's warnings go through ``_print_mujoco_warning``,
+    which drops ``MUJOCO_ASSET_WARNINGS``."""
+    global _mujoco_warnings_routed
+    if _mujoco_warnings_routed or "mujoco" not in entry_module(registered_spec(env_id)).split("."):
+        return
+    import mujoco
+
+    mujoco.set_mju_user_warning(_print_mujoco_warning)
+    _mujoco_warnings_routed = True
+
+
 def registered_spec(env_id: str) -> gym.envs.registration.EnvSpec | None:
     """The registered ``EnvSpec`` of ``env_id`` (``MODULE:ID`` too), or None when there is none."""
     try:
@@ -91,6 +122,7 @@ def gym_make(env_id: str, kwargs: dict[str, Any], **make_kwargs: Any) -> gym.Env
     """``gymnasium.make(env_id, **make_kwargs, **kwargs)`` whose id, import and keyword mistakes raise
     ``ConfigError`` (``kwargs``: the env's own constructor arguments, ``env_args``)."""
     _prepare(env_id)
+    _route_mujoco_warnings(env_id)
     try:
         return gym.make(env_id, **make_kwargs, **kwargs)
     except (gym.error.UnregisteredEnv, gym.error.DeprecatedEnv, ModuleNotFoundError) as exc:
