@@ -7,8 +7,9 @@
 #   paac-128     PAAC at 128 envs (with the two above: the best n_e / n_w);
 #   overlap-16, overlap-64       PAAC env groups off and on, on cuda (is --env-groups 2 faster there?);
 #   profile      a torch.profiler profile of PAAC's Pong step on cuda;
-#   pong-seed-vtrace, pong-impact-impact, pong-paac-a2c   issue 15's Pong command for that arch/algo (defaults,
-#                32 envs x 16 workers, cuda) for $PONG_SECONDS (default 300); metrics land in
+#   pong-seed-vtrace, pong-impact-impact, pong-paac-a2c   issue 15's Pong row for that arch/algo with nothing
+#                but --arch --algo --env --seed (the Atari presets pick cuda and a worker per core: the log
+#                prints what config.json recorded) for $PONG_SECONDS (default 300); metrics land in
 #                benchmarks/results/pong-gpu-ARCH-ALGO/.
 # Each step has its own time limit and a failure does not stop the next. Results land where the CPU runs'
 # do (benchmarks/results/, the marked sections of BENCHMARKS.md); the log and a tarball of both go to $1,
@@ -55,9 +56,11 @@ step 90 profile "$py" benchmarks/profile_pong_step.py --device cuda --envs 32 --
 for run in seed/vtrace impact/impact paac/a2c; do  # the three archs that issue 15 holds to +18 on a GPU
     name="pong-${run/\//-}" results="benchmarks/results/pong-gpu-${run/\//-}"
     step $((${PONG_SECONDS:-300} + 60)) "$name" "$py" -m conveyor train --arch "${run%/*}" --algo "${run#*/}" \
-        --env ALE/Pong-v5 --num-envs 32 --num-workers 16 --device cuda --seed 1 --time-limit-s "${PONG_SECONDS:-300}" \
-        --no-progress --out "/tmp/$name"
+        --env ALE/Pong-v5 --seed 1 --time-limit-s "${PONG_SECONDS:-300}" --no-progress --out "/tmp/$name"
     if [[ -f "/tmp/$name/metrics.csv" ]]; then
+        "$py" -c "import json, sys; c = json.load(open(sys.argv[1])); print('resolved: device', c['device'],
+            'num_envs', c['env']['num_envs'], 'num_workers', c['env']['num_workers'])" "/tmp/$name/config.json" \
+            | tee -a "$log"
         mkdir -p "$results" && cp "/tmp/$name"/{metrics.csv,returns.csv,summary.json,config.json} "$results"/
         tar czf "$out/results.tgz" BENCHMARKS.md benchmarks/results
     fi
