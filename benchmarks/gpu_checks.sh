@@ -10,7 +10,10 @@
 #   pong-seed-vtrace, pong-impact-impact, pong-paac-a2c   issue 15's Pong row for that arch/algo with nothing
 #                but --arch --algo --env --seed (the Atari presets pick cuda and a worker per core: the log
 #                prints what config.json recorded) for $PONG_SECONDS (default 300); metrics land in
-#                benchmarks/results/pong-gpu-ARCH-ALGO/.
+#                benchmarks/results/pong-gpu-ARCH-ALGO/. A lease is too short for Pong to reach +18, so each run
+#                goes on across leases: its directory (config, metrics, returns, the last checkpoint) comes back
+#                as $1/pong-ARCH-ALGO.tgz.* (parts of 15 MB, what a lease returns per file); put those parts
+#                in .pong-runs/ (ignored; carry it) and the next lease resumes the run from there.
 # Each step has its own time limit and a failure does not stop the next. Results land where the CPU runs'
 # do (benchmarks/results/, the marked sections of BENCHMARKS.md); the log and a tarball of both go to $1,
 # the tarball after every step. GPU_CHECKS="cuda-tests profile" runs only the steps named (default: all).
@@ -35,7 +38,7 @@ step() {  # step SECONDS NAME COMMAND...: run it under a time limit, log its out
     local start=$SECONDS
     timeout -k 10 "$limit" "$@" 2>&1 | grep -v -e '^A.L.E: Arcade' -e 'Powered by Stella' | tee -a "$log"
     echo "=== $name: exit ${PIPESTATUS[0]} after $((SECONDS - start)) s" | tee -a "$log"
-    tar czf "$out/results.tgz" BENCHMARKS.md benchmarks/results
+    tar czf "$out/results.tgz" --exclude=runs BENCHMARKS.md benchmarks/results
 }
 
 bench=(--device cuda --seconds 8 --startup-s 10 --repeats 1 --out /tmp/env-limit)
@@ -55,13 +58,22 @@ done
 step 90 profile "$py" benchmarks/profile_pong_step.py --device cuda --envs 32 --workers 8 --steps 20000
 for run in seed/vtrace impact/impact paac/a2c; do  # the three archs that issue 15 holds to +18 on a GPU
     name="pong-${run/\//-}" results="benchmarks/results/pong-gpu-${run/\//-}"
-    step $((${PONG_SECONDS:-300} + 60)) "$name" "$py" -m conveyor train --arch "${run%/*}" --algo "${run#*/}" \
-        --env ALE/Pong-v5 --seed 1 --time-limit-s "${PONG_SECONDS:-300}" --no-progress --out "/tmp/$name"
+    start=(--arch "${run%/*}" --algo "${run#*/}" --env ALE/Pong-v5 --seed 1 --out "/tmp/$name")
+    if compgen -G ".pong-runs/$name.tgz.*" > /dev/null; then  # an earlier lease's run: go on with it
+        [[ "$only" == "  " || "$only" == *" $name "* ]] && mkdir -p "/tmp/$name" \
+            && cat .pong-runs/"$name".tgz.* | tar xzf - -C "/tmp/$name"
+        start=(--resume "/tmp/$name")
+    fi
+    step $((${PONG_SECONDS:-300} + 60)) "$name" "$py" -m conveyor train "${start[@]}" \
+        --time-limit-s "${PONG_SECONDS:-300}" --no-progress
     if [[ -f "/tmp/$name/metrics.csv" ]]; then
+        latest=$(ls "/tmp/$name/checkpoints" | tail -1)
+        tar czf - -C "/tmp/$name" config.json metrics.csv returns.csv summary.json "checkpoints/$latest" \
+            | split -b 15M - "$out/$name.tgz."
         "$py" -c "import json, sys; c = json.load(open(sys.argv[1])); print('resolved: device', c['device'],
             'num_envs', c['env']['num_envs'], 'num_workers', c['env']['num_workers'])" "/tmp/$name/config.json" \
             | tee -a "$log"
         mkdir -p "$results" && cp "/tmp/$name"/{metrics.csv,returns.csv,summary.json,config.json} "$results"/
-        tar czf "$out/results.tgz" BENCHMARKS.md benchmarks/results
+        tar czf "$out/results.tgz" --exclude=runs BENCHMARKS.md benchmarks/results
     fi
 done
