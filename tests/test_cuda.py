@@ -12,11 +12,11 @@ import pytest
 import torch
 
 import conveyor
-from conveyor.config import AlgoCfg, ArchCfg, EnvCfg, ModelCfg, RunCfg
+from conveyor.config import AlgoCfg, ArchCfg, ConfigError, EnvCfg, ModelCfg, RunCfg
 from conveyor.acting import GsdeNoise, policy_step, step_targets
 from conveyor.learner import load_latest_checkpoint
 from conveyor.models import frozen_copy, make_model
-from conveyor.transfer import to_device
+from conveyor.transfer import to_device, usable_device
 from tests.test_telemetry import NORMALIZED, RUNS
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a cuda device")
@@ -57,6 +57,15 @@ def test_trains_on_cuda_and_resumes_on_the_cpu_and_back(tmp_path, name):
     assert on_cpu["env_steps"] >= 2000 and on_cpu["learner_version"] > on_cuda["learner_version"]
     back = conveyor.train(dataclasses.replace(cfg, total_steps=3000, resume=out))
     assert back["env_steps"] >= 3000 and back["learner_version"] > on_cpu["learner_version"]
+
+
+def test_atari_runs_learn_on_the_gpu_by_default_and_other_families_on_the_cpu():
+    assert RunCfg(env=EnvCfg(id="ALE/Pong-v5")).device == "cuda"
+    assert RunCfg(env=EnvCfg(id="CartPole-v1")).device == "cpu"
+    count = torch.cuda.device_count()
+    assert usable_device(f"cuda:{count - 1}") == torch.device("cuda", count - 1)
+    with pytest.raises(ConfigError, match=f"torch sees {count} GPU"):
+        usable_device(f"cuda:{count}")
 
 
 def test_sampling_with_a_cpu_generator_serves_a_cuda_model():
