@@ -91,8 +91,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run only the envs whose id contains one of these (e.g. CartPole,Pendulum)")
     parser.add_argument("--archs", type=_parse_list, default=(), metavar="ARCH,ARCH",
                         help="run only these architectures (e.g. paac,impact)")
-    parser.add_argument("--device", default=None, help="torch device of the conveyor learners (default: the preset's, cuda for Atari "
-                        "where torch sees a GPU, else cpu)")
+    parser.add_argument("--device", default=None, help="torch device of the conveyor learners (default: the "
+                        "preset's, cuda for Atari where torch sees a GPU, else cpu)")
     parser.add_argument("--markdown", "--update-markdown", type=Path, default=None, metavar="FILE",
                         help="also set this suite's section of FILE (e.g. BENCHMARKS.md) to the results")
     parser.add_argument("--list", action="store_true", help="print the suite's runs and exit")

@@ -276,9 +276,9 @@ def learning_suite(seeds: Sequence[int] | None = None, *, quick: bool = False, b
     """Issue 15's matrix: does each architecture learn each env with nothing but the presets?
 
     ``quick``: CartPole-v1 only. ``budget_scale`` multiplies the step budgets (a smoke run of the suite's
-    machinery; the thresholds are then out of reach; the wall-time guards stay, a busy machine is slow). ``device``: where Pong's learners will run
-    (``--device``, applied to the runs by the caller, else the Atari preset's); on cuda Pong gets
-    ``PONG_STEPS["cuda"]``.
+    machinery; the thresholds are then out of reach; the wall-time guards stay, a busy machine is slow).
+    ``device``: where Pong's learners will run (``--device``, applied to the runs by the caller, else the Atari
+    preset's); on cuda Pong gets ``PONG_STEPS["cuda"]``.
     """
     if not 0 < budget_scale <= 1:
         raise ConfigError(f"--budget-scale {budget_scale:g} must be in (0, 1]: it shortens the learning suite")
