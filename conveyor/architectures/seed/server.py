@@ -428,14 +428,17 @@ class SeedServer:
             env_seed=actor_env_seed(self.base_seed, slots[0], life)))
         start = True
         for data in request_iterator:
+            # A closing learner ends the stream here, on a message, while the actor waits to read: right after
+            # a reply the actor is writing its next step, and a connection closed under that write (the server
+            # stops once no call is left) turned the OK into UNAVAILABLE, so the actor retried, then exited 1.
+            if self._closing.is_set():
+                return
             reply = self._act(stream, self._parse(data, context), expected, context, start)
             start = False
             del data  # hold nothing of a step while the actor steps its envs (or idles)
             if reply is None:
                 return
             yield reply
-            if self._closing.is_set():
-                return
 
     def _read_hello(self, request_iterator: Iterator[Any], context: grpc.ServicerContext) -> tuple[int, str]:
         """The stream's Hello, checked: (its num_envs, its actor_name)."""
