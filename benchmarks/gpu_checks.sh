@@ -2,6 +2,7 @@
 # The checks that need a GPU machine (one cuda device, 16 cores), in one pass that fits a short lease:
 #   cuda-tests   tests/test_cuda.py: every architecture trains on cuda and resumes on either device; an acting
 #                step's only host sync is reading the actions;
+#   atari-tests  the tests of make test that train on Atari, which the Atari presets put on cuda here;
 #   paac-vs-sb3  PAAC vs stable-baselines3 A2C on Pong at 16 envs, both learners on cuda (issue 19: >= 3x);
 #   env-limit-32, env-limit-64   every architecture's Pong SPS against the env limit, learners on cuda;
 #   paac-128     PAAC at 128 envs (with the two above: the best n_e / n_w);
@@ -44,6 +45,9 @@ step() {  # step SECONDS NAME COMMAND...: run it under a time limit, log its out
 bench=(--device cuda --seconds 8 --startup-s 10 --repeats 1 --out /tmp/env-limit)
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee -a "$log"
 step 200 cuda-tests "$py" -m pytest tests/test_cuda.py -q -n 6 -p no:cacheprovider
+# make test's runs on Atari take the Atari presets, so on this machine they learn on cuda
+step 150 atari-tests "$py" -m pytest -q -n 8 -p no:cacheprovider tests/test_presets.py \
+    tests/test_ga3c.py::test_ga3c_pong_smoke_with_nature_cnn tests/test_r2d2.py::test_seed_r2d2_runs_on_pong
 step 110 paac-vs-sb3 "$py" benchmarks/paac_vs_sb3_pong.py --device cuda --workers 8 --steps 24000 --repeats 3 \
     --out benchmarks/results/paac_vs_sb3_pong_cuda.json
 step 150 env-limit-32 "$py" benchmarks/env_limit.py "${bench[@]}" --envs 32 --workers 8 --section env-limit-cuda-32
