@@ -13,8 +13,9 @@
 #                prints what config.json recorded) for $PONG_SECONDS (default 300); metrics land in
 #                benchmarks/results/pong-gpu-ARCH-ALGO/. A lease is too short for Pong to reach +18, so each run
 #                goes on across leases: its directory (config, metrics, returns, the last checkpoint) comes back
-#                as $1/pong-ARCH-ALGO.tgz.* (parts of 15 MB, what a lease returns per file); put those parts
-#                in .pong-runs/ (ignored; carry it) and the next lease resumes the run from there.
+#                as $1/pong-ARCH-ALGO.tgz.* (parts of 15 MB, what a lease returns per file); commit those parts
+#                to benchmarks/pong-runs/ (a new checkout keeps nothing ignored, and leases come to few sessions)
+#                and the next lease resumes the run from there.
 # Each step has its own time limit and a failure does not stop the next. Results land where the CPU runs'
 # do (benchmarks/results/, the marked sections of BENCHMARKS.md); the log and a tarball of both go to $1,
 # the tarball after every step. GPU_CHECKS="cuda-tests profile" runs only the steps named (default: all).
@@ -22,7 +23,9 @@
 #   benchmarks/gpu_checks.sh OUTDIR
 #
 # The machine needs torch with cuda plus this project's dependencies; where it cannot download, carry wheels
-# and put them on PYTHONPATH before calling (the device README's recipe). About 7 minutes on an H200, plus the
+# and put them on PYTHONPATH before calling (the device README's recipe): on this workplace's GPU image, gymnasium,
+# Farama-Notifications, ale-py, grpcio, protobuf and tensorboard at constraints.txt's versions (17 MB), plus
+# mujoco and mujoco-core for atari-tests (test_presets resolves a MuJoCo env) and stable-baselines3 for paac-vs-sb3. About 7 minutes on an H200, plus the
 # Pong runs.
 set -uo pipefail
 out=${1:?usage: benchmarks/gpu_checks.sh OUTDIR}
@@ -63,9 +66,9 @@ step 90 profile "$py" benchmarks/profile_pong_step.py --device cuda --envs 32 --
 for run in seed/vtrace impact/impact paac/a2c; do  # the three archs that issue 15 holds to +18 on a GPU
     name="pong-${run/\//-}" results="benchmarks/results/pong-gpu-${run/\//-}"
     start=(--arch "${run%/*}" --algo "${run#*/}" --env ALE/Pong-v5 --seed 1 --out "/tmp/$name")
-    if compgen -G ".pong-runs/$name.tgz.*" > /dev/null; then  # an earlier lease's run: go on with it
+    if compgen -G "benchmarks/pong-runs/$name.tgz.*" > /dev/null; then  # an earlier lease's run: go on with it
         [[ "$only" == "  " || "$only" == *" $name "* ]] && mkdir -p "/tmp/$name" \
-            && cat .pong-runs/"$name".tgz.* | tar xzf - -C "/tmp/$name"
+            && cat benchmarks/pong-runs/"$name".tgz.* | tar xzf - -C "/tmp/$name"
         start=(--resume "/tmp/$name")
     fi
     step $((${PONG_SECONDS:-300} + 60)) "$name" "$py" -m conveyor train "${start[@]}" \

@@ -48,6 +48,17 @@ def test_unknown_env_id_exits_2_without_traceback(tmp_path):
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
+def test_an_env_whose_package_is_missing_names_the_install_command_and_exits_2(tmp_path):
+    """HalfCheetah where ``import mujoco`` fails (as on a machine without it): gymnasium's install hint, one line."""
+    proc = subprocess.run([sys.executable, "-c", "import sys; sys.modules['mujoco'] = None; from conveyor.cli import "
+                           f"main; sys.exit(main(['train', '--env', 'HalfCheetah-v5', '--out', {str(tmp_path)!r}]))"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "env 'HalfCheetah-v5' needs a package this Python lacks" in proc.stderr
+    assert "gymnasium[mujoco]" in proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
 def test_unwritable_out_dir_nonroot(tmp_path):
     tmp_path.chmod(0o500)

@@ -97,7 +97,8 @@ def test_gsde_actions_on_a_cuda_model_equal_the_cpu_models():
 def test_a_frozen_copy_of_a_cuda_lstm_keeps_its_weights_in_one_cudnn_chunk():
     """A deep copy alone leaves them in separate tensors, and cuDNN compacts them at every call (R2D2's target)."""
     obs_space, action_space = gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(3)
-    model = make_model(RunCfg(model=ModelCfg(hidden=(16,), lstm_size=8)).model, obs_space, action_space).cuda()
+    cfg = RunCfg(arch=ArchCfg(name="seed"), algo=AlgoCfg(name="vtrace"), model=ModelCfg(hidden=(16,), lstm_size=8))
+    model = make_model(cfg.model, obs_space, action_space).cuda()
     frozen = frozen_copy(model)
     assert len({p.untyped_storage().data_ptr() for p in frozen.core.parameters()}) == 1
     obs, done = torch.randn(5, 2, 4, device="cuda"), torch.zeros(5, 2, device="cuda")

@@ -103,8 +103,10 @@ def _route_mujoco_warnings(env_id: str) -> None:
     global _mujoco_warnings_routed
     if _mujoco_warnings_routed or "mujoco" not in entry_module(registered_spec(env_id)).split("."):
         return
-    import mujoco
-
+    try:
+        import mujoco
+    except ImportError:  # gymnasium.make then names the missing package and its install command
+        return
     mujoco.set_mju_user_warning(_print_mujoco_warning)
     _mujoco_warnings_routed = True
 
@@ -125,6 +127,8 @@ def gym_make(env_id: str, kwargs: dict[str, Any], **make_kwargs: Any) -> gym.Env
     _route_mujoco_warnings(env_id)
     try:
         return gym.make(env_id, **make_kwargs, **kwargs)
+    except gym.error.DependencyNotInstalled as exc:
+        raise ConfigError(f"env {env_id!r} needs a package this Python lacks: {' '.join(str(exc).split())}") from None
     except (gym.error.UnregisteredEnv, gym.error.DeprecatedEnv, ModuleNotFoundError) as exc:
         reason = " ".join(str(exc).split())
         module, name = _split(env_id)
