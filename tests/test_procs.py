@@ -8,14 +8,18 @@ import os
 import select
 import signal
 import subprocess
+import sys
 import time
 
 import numpy as np
 import pytest
 
 from conveyor import procs
+from conveyor.architectures.ga3c import agents
+from conveyor.architectures.hts import state_buffer
 from conveyor.config import EnvCfg
 from conveyor.envs.shm_worker import WorkerSpec
+from conveyor.envs import vector
 from conveyor.errors import WorkerFailure
 from conveyor.storage.shm import ArraySpec
 
@@ -178,3 +182,14 @@ def test_the_restart_budget_counts_restarts_then_stops_with_one_line(capsys):
     with pytest.raises(WorkerFailure, match=r"^agent 0 \(pid 1\) died \(exit code 1\); restarts are off "
                                             r"\(max_restarts=0\): raise --max-restarts or fix what kills it$"):
         procs.RestartBudget(0).spend("agent 0 (pid 1) died (exit code 1)")
+
+
+@pytest.mark.parametrize("entry", [vector._WORKER_ENTRY, agents._AGENT_ENTRY, state_buffer._ENTRY])
+def test_children_that_only_step_envs_start_without_importing_torch(entry):
+    """Env workers, GA3C's agents and HTS's executors never run a network: torch's import would cost each
+    a second and a half of CPU at start (eight agents: seconds before a CartPole run's first step)."""
+    imports = entry.split(";")[0]
+    probe = subprocess.run([sys.executable, "-c", f"import sys; {imports}; print('torch' in sys.modules)"],
+                           capture_output=True, text=True, timeout=PATIENCE_S)
+    assert probe.returncode == 0, probe.stderr
+    assert probe.stdout.strip() == "False", f"{imports} imports torch"

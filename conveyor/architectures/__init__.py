@@ -9,11 +9,14 @@ from typing import Any
 
 from conveyor.config import RunCfg
 from conveyor.imports import is_ref
-from conveyor.transfer import usable_device
 
 
 def run(cfg: RunCfg) -> dict[str, Any]:
     """Train with the architecture named by ``cfg.arch.name``; returns the summary."""
+    # Imported here, not above: the packages' child processes (GA3C's agents, HTS's executors) import this
+    # package, and torch's import would cost each of them a second and a half of CPU at start.
+    from conveyor.transfer import usable_device
+
     usable_device(cfg.device)
     if is_ref(cfg.model.name):  # an encoder of your own: a misfit is refused before any process starts
         from conveyor.envs import env_spaces
