@@ -176,6 +176,12 @@ class Run:
         else:
             self.request_stop(f"signal {signal.Signals(signum).name}")
 
+    def asked_to_stop(self) -> bool:
+        """A stop request, or a signal that under torchrun waits for the ranks' next shared update to stop the
+        run: what ends envs that are still starting (no step ran, nothing to keep in step across ranks) and a
+        step that hangs, at once."""
+        return self.stop_event.is_set() or self.interrupted.is_set()
+
     def request_stop(self, reason: str) -> None:
         if not self.stop_event.is_set():
             self.stop_reason = reason

@@ -20,7 +20,7 @@ from conveyor.config import AlgoCfg, ArchCfg, ConfigError, EnvCfg, ModelCfg, Run
 from conveyor.distributed import DataParallel, Minibatches, check_config
 from conveyor.learner import load_latest_checkpoint
 from conveyor.storage.rollout import step_samples
-from tests.fault_env import children, descendants
+from tests.fault_env import HANGING_ID, children, descendants
 from tests.test_interrupt import alive
 
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
@@ -226,6 +226,34 @@ def test_sigint_to_torchrun_stops_every_rank_with_a_checkpoint(tmp_path):
     deadline = time.monotonic() + 10
     while [pid for pid in workers if alive(pid)] and time.monotonic() < deadline:
         time.sleep(0.1)
+    assert not [pid for pid in workers if alive(pid)], "an env worker outlived its rank"
+
+
+@pytest.mark.slow
+def test_sigint_to_torchrun_while_the_ranks_replay_a_resumed_runs_games_stops_them_at_once(tmp_path):
+    """A signal stops a running job at the ranks' next shared update, but envs that still replay a resumed run's
+    games have no step to keep in step: each rank kills them at once, says so in one line and exits 0."""
+    out, marker = tmp_path / "run", tmp_path / "replaying"
+    flags = ["--arch", "paac", "--algo", "a2c", "--env", HANGING_ID, "--target-return", "inf"]
+    finished(torchrun(out, *flags, "--env-arg", "hang_at=1000000000", "--total-steps", "2400"))
+    saved = {path.name: path.read_bytes() for path in (out / "checkpoints").glob("*.pt")}
+    # Each rank's one env worker hangs in its replay (marker.0, marker.1): at 2400 steps of this seed's run, each
+    # rank has an env 4 or more steps into its episode (a 4th step hangs; the API check's 3 steps do not).
+    proc = torchrun(out, *flags, "--resume", str(out), "--total-steps", "4000", "--env-arg", "hang_at=4",
+                    "--env-arg", f"marker={marker}", "--env-arg", "hangs=2")
+    wait_for(lambda: Path(f"{marker}.0").exists() and Path(f"{marker}.1").exists(), "both ranks to replay", proc)
+    ranks = rank_pids(proc.pid)
+    workers = [pid for rank in ranks.values() for pid in descendants(rank)]
+    signalled = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    while any(alive(pid) for pid in ranks.values()) and time.monotonic() - signalled < 30:
+        time.sleep(0.05)
+    assert time.monotonic() - signalled < 10, "a rank took longer than 10 s to stop"
+    _, stderr = proc.communicate(timeout=60)
+    assert stderr.count("replaying the resumed run's games when the run was asked to stop") == 2, stderr[-3000:]
+    frames = [line for line in stderr.splitlines() if line.lstrip().startswith('File "')]
+    assert not [line for line in frames if "/conveyor/" in line], stderr[-3000:]  # torchrun's own may print
+    assert {path.name: path.read_bytes() for path in (out / "checkpoints").glob("*.pt")} == saved
     assert not [pid for pid in workers if alive(pid)], "an env worker outlived its rank"
 
 

@@ -29,7 +29,7 @@ fixed costs, and the forward competes with a stepping worker for the cores).
 Faults: a dead env worker is restarted (``make_vector_env(restart_workers=True)``),
 its envs on their next episodes; so is a hung one (``--env-step-timeout-s``),
 and a stop request (a signal) ends a step that hangs, or the start of envs that
-replay a resumed run's games (``stop=run.stop_event.is_set``). The
+replay a resumed run's games (``stop=run.asked_to_stop``, under torchrun too). The
 step they lost is masked out of the loss (``RolloutStorage.drop_step``; the
 steps before it bootstrap from its V(s_t), as at a truncation) and counted in ``dropped_steps``, never in
 ``env_steps``; the rest of the rollout, theirs included, is trained on. With env groups, a group waits for
@@ -66,7 +66,7 @@ from conveyor.transfer import to_device
 def run(cfg: RunCfg) -> dict[str, Any]:
     with Run(cfg) as run:
         venv = run.closing(make_vector_env(run.env_cfg, cfg.seed, gamma=cfg.algo.gamma, restart_workers=True,
-                                           env_state=run.resume_state.get("env_state"), stop=run.stop_event.is_set,
+                                           env_state=run.resume_state.get("env_state"), stop=run.asked_to_stop,
                                            env_offset=run.env_offset))
         groups = split_envs(venv, cfg.arch.env_groups)
         model = make_model(cfg.model, venv.single_observation_space, venv.single_action_space)
