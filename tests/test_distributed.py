@@ -204,12 +204,9 @@ def wait_for(condition, what: str, proc: subprocess.Popen, timeout: float = 180)
         time.sleep(0.1)
 
 
-@pytest.mark.slow
-def test_sigint_to_torchrun_stops_every_rank_with_a_checkpoint(tmp_path):
-    out = tmp_path / "run"
-    proc = torchrun(out, "--arch", "paac", "--algo", "a2c", "--total-steps", "100000000", "--target-return", "inf")
-    wait_for(lambda: (out / "metrics.csv").is_file() and (out / "metrics.csv").read_text().count("\n") >= 3,
-             "the run to log", proc)
+def interrupt(proc: subprocess.Popen) -> tuple[list[int], str]:
+    """SIGINT to torchrun, which passes it on; both ranks must be gone within 10 s. Returns the env workers the
+    ranks had (to check none outlives them) and torchrun's stderr."""
     ranks = rank_pids(proc.pid)
     assert sorted(ranks) == [0, 1]
     workers = [pid for rank in ranks.values() for pid in descendants(rank)]
@@ -218,7 +215,16 @@ def test_sigint_to_torchrun_stops_every_rank_with_a_checkpoint(tmp_path):
     while any(alive(pid) for pid in ranks.values()) and time.monotonic() - signalled < 30:
         time.sleep(0.05)
     assert time.monotonic() - signalled < 10, "a rank took longer than 10 s to stop"
-    proc.communicate(timeout=60)
+    return workers, proc.communicate(timeout=60)[1]
+
+
+@pytest.mark.slow
+def test_sigint_to_torchrun_stops_every_rank_with_a_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    proc = torchrun(out, "--arch", "paac", "--algo", "a2c", "--total-steps", "100000000", "--target-return", "inf")
+    wait_for(lambda: (out / "metrics.csv").is_file() and (out / "metrics.csv").read_text().count("\n") >= 3,
+             "the run to log", proc)
+    workers, _ = interrupt(proc)
     report = summary(out)
     assert report["stop_reason"] == "signal SIGINT"
     assert len(set(report["distributed"]["param_sha256_per_rank"])) == 1
@@ -242,14 +248,7 @@ def test_sigint_to_torchrun_while_the_ranks_replay_a_resumed_runs_games_stops_th
     proc = torchrun(out, *flags, "--resume", str(out), "--total-steps", "4000", "--env-arg", "hang_at=4",
                     "--env-arg", f"marker={marker}", "--env-arg", "hangs=2")
     wait_for(lambda: Path(f"{marker}.0").exists() and Path(f"{marker}.1").exists(), "both ranks to replay", proc)
-    ranks = rank_pids(proc.pid)
-    workers = [pid for rank in ranks.values() for pid in descendants(rank)]
-    signalled = time.monotonic()
-    proc.send_signal(signal.SIGINT)
-    while any(alive(pid) for pid in ranks.values()) and time.monotonic() - signalled < 30:
-        time.sleep(0.05)
-    assert time.monotonic() - signalled < 10, "a rank took longer than 10 s to stop"
-    _, stderr = proc.communicate(timeout=60)
+    workers, stderr = interrupt(proc)
     assert stderr.count("replaying the resumed run's games when the run was asked to stop") == 2, stderr[-3000:]
     frames = [line for line in stderr.splitlines() if line.lstrip().startswith('File "')]
     assert not [line for line in frames if "/conveyor/" in line], stderr[-3000:]  # torchrun's own may print
