@@ -178,8 +178,8 @@ class Run:
 
     def asked_to_stop(self) -> bool:
         """A stop request, or a signal that under torchrun waits for the ranks' next shared update to stop the
-        run: what ends envs that are still starting (no step ran, nothing to keep in step across ranks) and a
-        step that hangs, at once."""
+        run: what ends envs that are still starting at once (no step ran, nothing to keep in step across ranks),
+        and a step that hangs after the grace period."""
         return self.stop_event.is_set() or self.interrupted.is_set()
 
     def request_stop(self, reason: str) -> None:

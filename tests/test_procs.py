@@ -18,8 +18,8 @@ from conveyor import procs
 from conveyor.architectures.ga3c import agents
 from conveyor.architectures.hts import state_buffer
 from conveyor.config import EnvCfg
-from conveyor.envs.shm_worker import WorkerSpec
 from conveyor.envs import vector
+from conveyor.envs.shm_worker import WorkerSpec
 from conveyor.errors import WorkerFailure
 from conveyor.storage.shm import ArraySpec
 
