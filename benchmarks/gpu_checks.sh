@@ -23,10 +23,8 @@
 #   benchmarks/gpu_checks.sh OUTDIR
 #
 # The machine needs torch with cuda plus this project's dependencies; where it cannot download, carry wheels
-# and put them on PYTHONPATH before calling (the device README's recipe): on this workplace's GPU image,
-# gymnasium, Farama-Notifications, ale-py, grpcio, protobuf and tensorboard at constraints.txt's versions
-# (17 MB), plus mujoco and mujoco-core for atari-tests (test_presets resolves a MuJoCo env) and
-# stable-baselines3 for paac-vs-sb3. About 7 minutes on an H200, plus the Pong runs.
+# and put them on PYTHONPATH before calling: benchmarks/gpu_wheels.sh downloads those this workplace's GPU image
+# lacks (26 MB) and says how to install them there. About 7 minutes on an H200, plus the Pong runs.
 set -uo pipefail
 out=${1:?usage: benchmarks/gpu_checks.sh OUTDIR}
 mkdir -p "$out"
