@@ -18,7 +18,8 @@ for tag in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 man
 done
 pins=()
 for name in "${names[@]}"; do
-    pin=$(grep -i "^${name}==" constraints.txt) || { echo "gpu_wheels.sh: $name is not pinned in constraints.txt" >&2; exit 2; }
+    pin=$(grep -i "^${name}==" constraints.txt) \
+        || { echo "gpu_wheels.sh: $name is not pinned in constraints.txt" >&2; exit 2; }
     pins+=("$pin")
 done
 python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
