@@ -167,7 +167,8 @@ def test_torch_init_leaves_pytorchs_default_layers_and_orthogonal_reinitializes_
 
 def test_the_pendulum_preset_of_seed_vtrace_is_rl_zoos_a2c_recipe_and_flags_win():
     cfg = RunCfg(env=EnvCfg(id="Pendulum-v1"), arch=ArchCfg(name="seed"))
-    assert (cfg.model.gsde, cfg.model.weight_init, cfg.model.log_std_init, cfg.arch.unroll) == (True, "torch", -2.0, 8)
+    # rl-zoo's recipe but for the initial noise: -1.5 instead of its -2 (presets.py cites the seeds)
+    assert (cfg.model.gsde, cfg.model.weight_init, cfg.model.log_std_init, cfg.arch.unroll) == (True, "torch", -1.5, 8)
     assert (cfg.algo.optimizer, cfg.algo.lr, cfg.algo.value_coef) == ("rmsprop", 7e-4, 0.4)
     explicit = RunCfg(env=EnvCfg(id="Pendulum-v1"), arch=ArchCfg(name="seed"),
                       model=ModelCfg(gsde=False, weight_init="orthogonal"))
@@ -203,9 +204,9 @@ def test_the_asynchronous_architectures_act_and_learn_with_gsde(tmp_path, arch, 
 @pytest.mark.slow  # about 6 minutes on the 2-core machine
 def test_seed_vtrace_learns_pendulum_with_default_flags(tmp_path):
     """The Pendulum row of issue 15 with nothing but --arch seed --env Pendulum-v1: the preset's gSDE recipe.
-    Random play scores about -1250; seven of nine seeds measured ended between -201 and -273 at 300k steps
-    (BENCHMARKS.md), and asynchronous acting makes a seed's run vary, so the bar is -600: clearly learned."""
+    Random play scores about -1250; each of seeds 1-14 measured ended between -193 and -366 at 300k steps
+    (BENCHMARKS.md), and asynchronous acting makes a seed's run vary, so the bar is -450: clearly learned."""
     cfg = RunCfg(env=EnvCfg(id="Pendulum-v1"), arch=ArchCfg(name="seed"), total_steps=300_000, seed=1,
                  progress=False, out=str(tmp_path / "run"))
     summary = conveyor.train(cfg)
-    assert summary["return_mean_last100"] >= -600, summary["return_mean_last100"]
+    assert summary["return_mean_last100"] >= -450, summary["return_mean_last100"]
