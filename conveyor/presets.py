@@ -338,7 +338,7 @@ ALGO_FAMILY: dict[tuple[str, str], dict[str, Any]] = {
         "model.gsde": True,  # source: rl-zoo a2c.yml Pendulum-v1 use_sde True
         "model.weight_init": "torch",  # source: rl-zoo a2c.yml Pendulum-v1 ortho_init False
         "model.log_std_init": -1.5,  # source: tuned here: rl-zoo a2c.yml's -2 left seeds 2 and 8 of 1-9 below -400
-        # at 300k (-359 +- 302); with -1.5 each of seeds 1-10 swings up: -242 +- 53 (BENCHMARKS.md, 2026-11-26)
+        # at 300k (-359 +- 302); with -1.5 each of seeds 1-14 swings up: -242 +- 49 (BENCHMARKS.md, 2026-11-26)
         "algo.optimizer": "rmsprop",  # source: rl-zoo a2c.yml Pendulum-v1 use_rms_prop True (eps 1e-5, BASE)
         "algo.lr": 7e-4,  # source: rl-zoo a2c.yml Pendulum-v1 learning_rate lin_7e-4 (constant here)
         "algo.value_coef": 0.4,  # source: rl-zoo a2c.yml Pendulum-v1 vf_coef 0.4
