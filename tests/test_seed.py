@@ -225,6 +225,34 @@ def test_batcher_runs_control_calls_in_order_and_reports_failures():
     broken.close()
 
 
+def test_a_batcher_closed_with_requests_queued_refuses_them_and_its_thread_ends():
+    """Requests still queued at close get an error, not an empty ``process`` call in a loop that never ends
+    (a leaked inference thread spinning on the GIL slowed every later test of its pytest worker)."""
+    gate, calls = threading.Event(), []
+
+    def process(requests):
+        calls.append(len(requests))
+        assert gate.wait(30.0)
+        return requests
+
+    batcher = Batcher(process, max_rows=1, timeout_s=0.0, name="closed-with-requests-queued")
+    first = batcher.submit("a", 1)
+    deadline = time.monotonic() + 30.0
+    while not calls and time.monotonic() < deadline:
+        time.sleep(0.01)
+    second = batcher.submit("b", 1)  # queued behind the batch in process
+    closer = threading.Thread(target=batcher.close)
+    closer.start()
+    while not batcher.closed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    gate.set()
+    closer.join(30.0)
+    assert first.wait(10.0) and first.result == "a"
+    assert second.wait(10.0) and "shutting down" in str(second.error)
+    assert calls == [1] and batcher.failure is None
+    assert not any(thread.name == "closed-with-requests-queued" for thread in threading.enumerate())
+
+
 # ---- central inference ---------------------------------------------------------------------------
 
 class EchoPolicy:

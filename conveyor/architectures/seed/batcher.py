@@ -103,6 +103,8 @@ class Batcher:
                 if self._closed:
                     return None
                 self._cond.wait(0.1)
+            if self._closed:
+                return None  # requests still queued are refused below; an empty batch here would spin forever
             if not isinstance(self._items[0], Pending):
                 return self._items.popleft()
             deadline = time.perf_counter() + self.timeout_s

@@ -277,8 +277,8 @@ class SeedServer:
         self._dropped: collections.OrderedDict[str, int] = collections.OrderedDict()  # per actor name
         self._watchdog: threading.Thread | None = None
         self.address = ""
-        threads = futures.ThreadPoolExecutor(max_workers=MAX_STREAMS + 4, thread_name_prefix="seed-rpc")
-        self._server = grpc.server(threads, options=server_options(max_message_bytes),
+        self._rpc_threads = futures.ThreadPoolExecutor(max_workers=MAX_STREAMS + 4, thread_name_prefix="seed-rpc")
+        self._server = grpc.server(self._rpc_threads, options=server_options(max_message_bytes),
                                    interceptors=[TokenCheck(token, self.stats)], maximum_concurrent_rpcs=MAX_STREAMS)
         # Requests arrive as bytes and are parsed in serve_stream: a Hello's size is checked before parsing, and
         # bytes that do not parse end their stream with a message (gRPC would log a traceback for each).
@@ -323,6 +323,7 @@ class SeedServer:
         actor's env step on a busy machine; streams that end sooner do not make the learner wait."""
         self._closing.set()
         self._server.stop(grace_s).wait(grace_s + 5.0)
+        self._rpc_threads.shutdown(wait=False)  # grpc leaves its executor's idle threads alive otherwise
         if self._watchdog is not None:
             self._watchdog.join(timeout=5.0)
         path = unix_socket_path(self.listen)
