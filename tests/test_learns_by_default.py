@@ -5,10 +5,14 @@ MuJoCo) run in ``make test-learning`` and ``conveyor bench --suite learning``.""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 import conveyor
 from conveyor import ArchCfg, EnvCfg, RunCfg
+from tests.fault_env import children
 
 # (arch, env steps, bar): budgets cut short of the presets' 475 (README "Presets"), bars well above random
 # play and below what seed 1 reached at that budget (measured here, see the calibration in the closing note).
@@ -20,6 +24,22 @@ SMOKE = [("paac", 60_000, 100.0), ("hts", 60_000, 100.0), ("ga3c", 60_000, 100.0
 def test_default_flags_learn_cartpole(tmp_path, arch, steps, bar):
     cfg = RunCfg(env=EnvCfg(id="CartPole-v1"), arch=ArchCfg(name=arch), total_steps=steps, seed=1,
                  progress=False, out=str(tmp_path / "run"))
+    threads_before = set(threading.enumerate())
     summary = conveyor.train(cfg)
     print(arch, summary["env_steps"], summary["return_mean_last100"], summary["wall_time_s"])
     assert summary["return_mean_last100"] >= bar, summary["return_mean_last100"]
+    # The Python API leaves nothing running behind a run (README "From Python"): a sweep calls it again and again.
+    left = wait_for_nothing_left(threads_before)
+    assert left == ([], []), f"still running after train(): threads {left[0]}, child processes {left[1]}"
+
+
+def wait_for_nothing_left(threads_before: set[threading.Thread], timeout_s: float = 30.0) -> tuple[list, list]:
+    """Threads started since ``threads_before`` and child processes of this one still alive, once both are
+    gone or after ``timeout_s``: (thread names, child pids)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        threads = [t.name for t in threading.enumerate() if t not in threads_before and t.is_alive()]
+        processes = sorted(children())
+        if (not threads and not processes) or time.monotonic() > deadline:
+            return threads, processes
+        time.sleep(0.1)
