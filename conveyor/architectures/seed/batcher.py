@@ -7,7 +7,9 @@ waiting (``expected_rows``), or ``timeout_s`` has passed since the first,
 and calls ``process(requests) -> replies`` once for all of them; each
 waiter gets its own reply. ``call_soon(fn)`` runs ``fn`` on the inference
 thread in order with the requests (stream clean-up uses it, so a slot is
-never released while one of its steps is still queued).
+never released while one of its steps is still queued). ``close()`` ends the
+inference thread after the batch in hand; requests still queued then, or
+submitted later, finish with an error ("the learner is shutting down").
 
 Stalls: a batch never waits longer than ``timeout_s``, whoever is missing.
 When a batch closes on its deadline with fewer rows than expected,
