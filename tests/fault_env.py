@@ -191,6 +191,14 @@ def children(pid: int | None = None) -> dict[int, str]:
     return found
 
 
+def alive(pid: int) -> bool:
+    """``pid`` runs (a zombie waiting for its reaper counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def descendants(pid: int) -> list[int]:
     """Live descendants of ``pid``: its children, theirs, and so on."""
     found, frontier = [], [pid]

@@ -23,9 +23,8 @@ from conveyor.cli import main
 from conveyor.config import ARCHS, AlgoCfg, ArchCfg, ConfigError, EnvCfg
 from conveyor.envs import STEP_TIME_ID
 from conveyor.plots import distinct_labels, load_run, plot_runs, trailing_mean
-from tests.fault_env import children
+from tests.fault_env import alive, children
 from tests.test_hung_envs import wait_for
-from tests.test_interrupt import alive
 
 torch.set_num_threads(1)
 

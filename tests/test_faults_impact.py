@@ -29,7 +29,7 @@ from conveyor.models import make_model
 from conveyor.architectures.impact.workers import FATAL, SLOTS_PER_WORKER, Workers, pool_specs
 from conveyor.architectures.impact.params import ParamBlock
 from conveyor.storage.shm import SharedArrays
-from tests.fault_env import TAGGED_ID, BatchRecorder, TaggedEnv, check_transitions, children, kill_child
+from tests.fault_env import TAGGED_ID, BatchRecorder, TaggedEnv, alive, check_transitions, children, kill_child
 
 torch.set_num_threads(1)
 
@@ -44,14 +44,6 @@ def tagged_cfg(tmp_path: Path, *, workers: int = W, max_restarts: int = 10, tota
                   arch=ArchCfg(name="impact", worker_batch=S, buffer_batches=2, replay_times=K),
                   total_steps=total_steps, target_return=float("inf"), torch_threads=1, progress=False,
                   log_interval_s=30.0, out=str(tmp_path / "run"))
-
-
-def alive(pid: int) -> bool:
-    """``pid`` runs (a zombie waiting for its reaper counts as gone)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def assert_no_processes_left(env_workers: set[int]) -> None:

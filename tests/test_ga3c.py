@@ -12,7 +12,6 @@ import textwrap
 import threading
 import time
 import types
-from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -25,6 +24,7 @@ from conveyor.config import AlgoCfg, ArchCfg, EnvCfg, ModelCfg, RunCfg
 from conveyor.architectures.ga3c.agents import AgentLink, AgentPool
 from conveyor.architectures.ga3c.queues import SEGMENT_FIELDS, Channels, IndexPipe
 from conveyor.storage.schema import FieldSpec, RolloutSchema
+from tests.fault_env import alive
 
 torch.set_num_threads(1)
 NO_RUN = types.SimpleNamespace(request_stop=lambda reason: None)
@@ -47,14 +47,6 @@ def in_process_link(channels: Channels, agent: int) -> AgentLink:
     spec = {**channels.agent_spec(agent, reply_read), "parent_pid": os.getppid()}
     spec["shm_fd"] = os.dup(channels.shared.fd)
     return AgentLink(spec)
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"
 
 
 # ---- index pipes ---------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from conveyor.storage.double import DoubleStorage
 from conveyor.storage.rollout import ROLLOUT_FIELDS, RolloutStorage
 from conveyor.storage.schema import FieldSpec, RolloutSchema
 from conveyor.architectures.hts.state_buffer import StateBuffer, uniform_generator
+from tests.fault_env import alive
 
 torch.set_num_threads(1)
 
@@ -46,14 +47,6 @@ def hts_cfg(tmp_path, name="run", env="CartPole-v1", env_args=(), algo="a2c", ac
                   model=overrides.pop("model", ModelCfg(hidden=(32, 32))), algo=overrides.pop("algo_cfg", AlgoCfg(name=algo)),
                   arch=ArchCfg(name="hts", num_actors=actors, sync_interval=alpha), total_steps=total_steps,
                   out=str(tmp_path / name), progress=False, torch_threads=1, log_interval_s=60.0, **overrides)
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 # ---- double storage --------------------------------------------------------------------------------

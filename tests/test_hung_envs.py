@@ -22,8 +22,8 @@ from conveyor.config import AlgoCfg, ArchCfg, EnvCfg, ModelCfg, RunCfg
 from conveyor.envs import make_vector_env
 from conveyor.envs import vector
 from conveyor.errors import WorkerDied, WorkerFailure
-from tests.fault_env import (HANGING_ID, TAGGED_ID, BatchRecorder, check_transitions, children, descendants,
-                              kill_child)
+from tests.fault_env import (HANGING_ID, TAGGED_ID, BatchRecorder, alive, check_transitions, children,
+                              descendants, kill_child)
 
 VECTOR_TIMEOUT_S = 2.0
 RUN_TIMEOUT_S = 3.0
@@ -37,14 +37,6 @@ def hanging_cfg(num_envs: int = 4, num_workers: int = 2, timeout_s: float = VECT
                 max_restarts: int = 10, **env_args) -> EnvCfg:
     return EnvCfg(id=HANGING_ID, num_envs=num_envs, num_workers=num_workers, env_step_timeout_s=timeout_s,
                   max_restarts=max_restarts, env_args=tuple(env_args.items()))
-
-
-def alive(pid: int) -> bool:
-    """``pid`` runs (a zombie waiting for its reaper counts as gone)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def wait_for(condition, what: str, timeout_s: float = PATIENCE_S) -> None:

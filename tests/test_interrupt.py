@@ -11,15 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fault_env import HANGING_ID, children, descendants
-
-
-def alive(pid: int) -> bool:
-    """``pid`` runs (a zombie waiting for its reaper counts as gone)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
+from tests.fault_env import HANGING_ID, alive, children, descendants
 
 
 @pytest.mark.parametrize("arch, algo, sig", [

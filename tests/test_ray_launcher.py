@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_interrupt import alive
+from tests.fault_env import alive
 
 needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
                                reason="Ray is not installed (pip install 'conveyor[ray]'; make venv installs it)")
