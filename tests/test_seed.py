@@ -237,14 +237,11 @@ def test_a_batcher_closed_with_requests_queued_refuses_them_and_its_thread_ends(
 
     batcher = Batcher(process, max_rows=1, timeout_s=0.0, name="closed-with-requests-queued")
     first = batcher.submit("a", 1)
-    deadline = time.monotonic() + 30.0
-    while not calls and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: calls, what="the first batch to be in process")
     second = batcher.submit("b", 1)  # queued behind the batch in process
     closer = threading.Thread(target=batcher.close)
     closer.start()
-    while not batcher.closed and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: batcher.closed, what="the batcher to close")
     gate.set()
     closer.join(30.0)
     assert first.wait(10.0) and first.result == "a"
