@@ -15,7 +15,8 @@
 #                goes on across leases: its directory (config, metrics, returns, the last checkpoint) comes back
 #                as $1/pong-ARCH-ALGO.tgz.* (parts of 15 MB, what a lease returns per file); commit those parts
 #                to benchmarks/pong-runs/ (a new checkout keeps nothing ignored, and leases come to few sessions)
-#                and the next lease resumes the run from there.
+#                and the next lease resumes the run from there, with this machine's device and env workers (a
+#                run may begin on the CPU: `conveyor train --out DIR`, then the same parts from DIR).
 # Each step has its own time limit and a failure does not stop the next. Results land where the CPU runs'
 # do (benchmarks/results/, the marked sections of BENCHMARKS.md); the log and a tarball of both go to $1,
 # the tarball after every step. GPU_CHECKS="cuda-tests profile" runs only the steps named (default: all).
@@ -67,7 +68,11 @@ for run in seed/vtrace impact/impact paac/a2c; do  # the three archs that issue 
     if compgen -G "benchmarks/pong-runs/$name.tgz.*" > /dev/null; then  # an earlier lease's run: go on with it
         [[ "$only" == "  " || "$only" == *" $name "* ]] && mkdir -p "/tmp/$name" \
             && cat benchmarks/pong-runs/"$name".tgz.* | tar xzf - -C "/tmp/$name"
-        start=(--resume "/tmp/$name")
+        # the run may have begun on another machine (the 2-core CPU): take this one's hardware presets
+        hardware=$("$py" -c "import conveyor, sys; c = conveyor.RunCfg(arch=conveyor.ArchCfg(name=sys.argv[1]),
+            algo=conveyor.AlgoCfg(name=sys.argv[2]), env=conveyor.EnvCfg(id='ALE/Pong-v5'), seed=1)
+print('--device', c.device, '--num-workers', c.env.num_workers)" "${run%/*}" "${run#*/}")
+        start=(--resume "/tmp/$name" $hardware)
     fi
     step $((${PONG_SECONDS:-300} + 60)) "$name" "$py" -m conveyor train "${start[@]}" \
         --time-limit-s "${PONG_SECONDS:-300}" --no-progress
