@@ -23,7 +23,7 @@ import threading
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import gymnasium as gym
 import numpy as np
@@ -197,6 +197,17 @@ def alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return False
+
+
+def gone_within(pids: Iterable[int], timeout_s: float) -> bool:
+    """Wait until none of ``pids`` runs; False if one still did after ``timeout_s``."""
+    pids = list(pids)
+    deadline = time.monotonic() + timeout_s
+    while any(alive(pid) for pid in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def descendants(pid: int) -> list[int]:

@@ -29,7 +29,7 @@ from conveyor.models import make_model
 from conveyor.architectures.impact.workers import FATAL, SLOTS_PER_WORKER, Workers, pool_specs
 from conveyor.architectures.impact.params import ParamBlock
 from conveyor.storage.shm import SharedArrays
-from tests.fault_env import TAGGED_ID, BatchRecorder, TaggedEnv, alive, check_transitions, children, kill_child
+from tests.fault_env import TAGGED_ID, BatchRecorder, TaggedEnv, check_transitions, children, gone_within, kill_child
 
 torch.set_num_threads(1)
 
@@ -50,10 +50,7 @@ def assert_no_processes_left(env_workers: set[int]) -> None:
     """No child of this process remains, and no env worker of a killed IMPACT worker outlived it (it exits once
     its pipes close; the long wait is only for a heavily loaded machine)."""
     assert not children(), f"child processes left: {children()}"
-    deadline = time.monotonic() + 30.0
-    while any(alive(pid) for pid in env_workers) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not [pid for pid in env_workers if alive(pid)], "an env worker outlived its IMPACT worker"
+    assert gone_within(env_workers, 30), "an env worker outlived its IMPACT worker"
 
 
 def killer(rec: BatchRecorder, updates: int, env_workers: set[int]):

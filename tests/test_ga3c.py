@@ -24,7 +24,7 @@ from conveyor.config import AlgoCfg, ArchCfg, EnvCfg, ModelCfg, RunCfg
 from conveyor.architectures.ga3c.agents import AgentLink, AgentPool
 from conveyor.architectures.ga3c.queues import SEGMENT_FIELDS, Channels, IndexPipe
 from conveyor.storage.schema import FieldSpec, RolloutSchema
-from tests.fault_env import alive
+from tests.fault_env import alive, gone_within
 
 torch.set_num_threads(1)
 NO_RUN = types.SimpleNamespace(request_stop=lambda reason: None)
@@ -327,10 +327,7 @@ def test_agents_exit_when_the_parent_is_killed(tmp_path):
         time.sleep(1.0)  # let the agents get to waiting for predictions nobody will answer
         parent.kill()
         parent.wait()
-        deadline = time.monotonic() + 20
-        while any(alive(pid) for pid in pids):
-            assert time.monotonic() < deadline, "agents outlived their parent"
-            time.sleep(0.1)
+        assert gone_within(pids, 20), "agents outlived their parent"
     finally:
         parent.kill()
         parent.wait()

@@ -32,7 +32,7 @@ from conveyor.storage.double import DoubleStorage
 from conveyor.storage.rollout import ROLLOUT_FIELDS, RolloutStorage
 from conveyor.storage.schema import FieldSpec, RolloutSchema
 from conveyor.architectures.hts.state_buffer import StateBuffer, uniform_generator
-from tests.fault_env import alive
+from tests.fault_env import alive, gone_within
 
 torch.set_num_threads(1)
 
@@ -318,10 +318,7 @@ def test_executors_exit_when_the_parent_is_killed():
         pids = json.loads(parent.stdout.readline())
         parent.kill()
         parent.wait()
-        deadline = time.monotonic() + 20
-        while any(alive(pid) for pid in pids):
-            assert time.monotonic() < deadline, "executors outlived their parent"
-            time.sleep(0.1)
+        assert gone_within(pids, 20), "executors outlived their parent"
     finally:
         parent.kill()
         parent.wait()
