@@ -16,7 +16,6 @@ import pytest
 import torch
 from torch import nn
 
-import conveyor
 from conveyor.cli import main
 from conveyor.config import ConfigError, EnvCfg, ModelCfg
 from conveyor.envs import make_env

@@ -17,7 +17,7 @@ import torch
 
 import conveyor
 from conveyor.config import AlgoCfg, ArchCfg, ConfigError, EnvCfg, ModelCfg, RunCfg
-from conveyor.distributed import DataParallel, Minibatches, check_config
+from conveyor.distributed import Minibatches, check_config
 from conveyor.learner import load_latest_checkpoint
 from conveyor.storage.rollout import step_samples
 from tests.fault_env import HANGING_ID, children, descendants, gone_within
@@ -209,7 +209,6 @@ def interrupt(proc: subprocess.Popen) -> tuple[list[int], str]:
     ranks = rank_pids(proc.pid)
     assert sorted(ranks) == [0, 1]
     workers = [pid for rank in ranks.values() for pid in descendants(rank)]
-    signalled = time.monotonic()
     proc.send_signal(signal.SIGINT)
     assert gone_within(ranks.values(), 10), "a rank took longer than 10 s to stop"
     return workers, proc.communicate(timeout=60)[1]
