@@ -82,7 +82,7 @@ def test_killed_worker_past_max_restarts_stops_the_run_with_one_line_and_a_check
 
 
 @pytest.mark.slow  # 60-85 s each; make test keeps both halves: Ctrl-C writes a checkpoint (above), and a resumed
-# run reaches an uninterrupted run's parameters (tests/test_faults_paac.py, test_faults_hts.py)
+# run reaches an uninterrupted run's parameters (tests/test_exact_resume.py)
 @pytest.mark.parametrize("arch", ["paac", "hts"])
 def test_ctrl_c_then_resume_reaches_the_parameters_of_an_uninterrupted_run(tmp_path, arch):
     args = [sys.executable, "-m", "conveyor.cli", "train", "--arch", arch, "--num-envs", "8", "--seed", "3",
