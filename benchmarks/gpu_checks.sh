@@ -66,12 +66,14 @@ for run in seed/vtrace impact/impact paac/a2c; do  # the three archs that issue 
     name="pong-${run/\//-}" results="benchmarks/results/pong-gpu-${run/\//-}"
     start=(--arch "${run%/*}" --algo "${run#*/}" --env ALE/Pong-v5 --seed 1 --out "/tmp/$name")
     if compgen -G "benchmarks/pong-runs/$name.tgz.*" > /dev/null; then  # an earlier lease's run: go on with it
-        [[ "$only" == "  " || "$only" == *" $name "* ]] && mkdir -p "/tmp/$name" \
-            && cat benchmarks/pong-runs/"$name".tgz.* | tar xzf - -C "/tmp/$name"
-        # the run may have begun on another machine (the 2-core CPU): take this one's hardware presets
-        hardware=$("$py" -c "import conveyor, sys; c = conveyor.RunCfg(arch=conveyor.ArchCfg(name=sys.argv[1]),
-            algo=conveyor.AlgoCfg(name=sys.argv[2]), env=conveyor.EnvCfg(id='ALE/Pong-v5'), seed=1)
+        hardware=""
+        if [[ "$only" == "  " || "$only" == *" $name "* ]]; then
+            mkdir -p "/tmp/$name" && cat benchmarks/pong-runs/"$name".tgz.* | tar xzf - -C "/tmp/$name"
+            # the run may have begun on another machine (the 2-core CPU): take this one's hardware presets
+            hardware=$("$py" -c "import conveyor, sys; c = conveyor.RunCfg(arch=conveyor.ArchCfg(name=sys.argv[1]),
+                algo=conveyor.AlgoCfg(name=sys.argv[2]), env=conveyor.EnvCfg(id='ALE/Pong-v5'), seed=1)
 print('--device', c.device, '--num-workers', c.env.num_workers)" "${run%/*}" "${run#*/}")
+        fi
         start=(--resume "/tmp/$name" $hardware)
     fi
     step $((${PONG_SECONDS:-300} + 60)) "$name" "$py" -m conveyor train "${start[@]}" \
