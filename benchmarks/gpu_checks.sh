@@ -10,7 +10,9 @@
 #   profile      a torch.profiler profile of PAAC's Pong step on cuda;
 #   pong-seed-vtrace, pong-impact-impact, pong-paac-a2c   issue 15's Pong row for that arch/algo with nothing
 #                but --arch --algo --env --seed (the Atari presets pick cuda and a worker per core: the log
-#                prints what config.json recorded) for $PONG_SECONDS (default 300); metrics land in
+#                prints what config.json recorded) for $PONG_SECONDS (default 300), or until the mean of its
+#                last 100 returns reaches $PONG_TARGET (when set), all Pong runs together in at most $PONG_BUDGET_S
+#                (when set: a run that reaches the target early leaves its time to the next); metrics land in
 #                benchmarks/results/pong-gpu-ARCH-ALGO/. A lease is too short for Pong to reach +18, so each run
 #                goes on across leases: its directory (config, metrics, returns, the last checkpoint) comes back
 #                as $1/pong-ARCH-ALGO.tgz.* (parts of 15 MB, what a lease returns per file); commit those parts
@@ -62,22 +64,27 @@ for layout in "16 16" "64 16"; do
         --pong-seconds 20 --repeats 1 --out "benchmarks/results/paac_overlap_cuda_$1.json"
 done
 step 90 profile "$py" benchmarks/profile_pong_step.py --device cuda --envs 32 --workers 8 --steps 20000
+pong_start=$SECONDS
 for run in seed/vtrace impact/impact paac/a2c; do  # the three archs that issue 15 holds to +18 on a GPU
     name="pong-${run/\//-}" results="benchmarks/results/pong-gpu-${run/\//-}"
+    [[ "$only" == "  " || "$only" == *" $name "* ]] || continue
     start=(--arch "${run%/*}" --algo "${run#*/}" --env ALE/Pong-v5 --seed 1 --out "/tmp/$name")
     if compgen -G "benchmarks/pong-runs/$name.tgz.*" > /dev/null; then  # an earlier lease's run: go on with it
-        hardware=""
-        if [[ "$only" == "  " || "$only" == *" $name "* ]]; then
-            mkdir -p "/tmp/$name" && cat benchmarks/pong-runs/"$name".tgz.* | tar xzf - -C "/tmp/$name"
-            # the run may have begun on another machine (the 2-core CPU): take this one's hardware presets
-            hardware=$("$py" -c "import conveyor, sys; c = conveyor.RunCfg(arch=conveyor.ArchCfg(name=sys.argv[1]),
-                algo=conveyor.AlgoCfg(name=sys.argv[2]), env=conveyor.EnvCfg(id='ALE/Pong-v5'), seed=1)
+        mkdir -p "/tmp/$name" && cat benchmarks/pong-runs/"$name".tgz.* | tar xzf - -C "/tmp/$name"
+        # the run may have begun on another machine (the 2-core CPU): take this one's hardware presets
+        hardware=$("$py" -c "import conveyor, sys; c = conveyor.RunCfg(arch=conveyor.ArchCfg(name=sys.argv[1]),
+            algo=conveyor.AlgoCfg(name=sys.argv[2]), env=conveyor.EnvCfg(id='ALE/Pong-v5'), seed=1)
 print('--device', c.device, '--num-workers', c.env.num_workers)" "${run%/*}" "${run#*/}")
-        fi
         start=(--resume "/tmp/$name" $hardware)
     fi
-    step $((${PONG_SECONDS:-300} + 60)) "$name" "$py" -m conveyor train "${start[@]}" \
-        --time-limit-s "${PONG_SECONDS:-300}" --no-progress
+    seconds=${PONG_SECONDS:-300}
+    if [[ -n "${PONG_BUDGET_S:-}" ]]; then
+        left=$((PONG_BUDGET_S - (SECONDS - pong_start)))
+        ((left < seconds)) && seconds=$left
+        ((seconds < 60)) && { echo "=== $name: skipped, ${seconds}s of PONG_BUDGET_S left" | tee -a "$log"; continue; }
+    fi
+    [[ -n "${PONG_TARGET:-}" ]] && start+=(--target-return "$PONG_TARGET")
+    step $((seconds + 60)) "$name" "$py" -m conveyor train "${start[@]}" --time-limit-s "$seconds" --no-progress
     if [[ -f "/tmp/$name/metrics.csv" ]]; then
         latest=$(ls "/tmp/$name/checkpoints" | tail -1)
         tar czf - -C "/tmp/$name" config.json metrics.csv returns.csv summary.json "checkpoints/$latest" \
