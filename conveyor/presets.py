@@ -223,6 +223,9 @@ FAMILY: dict[str, dict[str, Any]] = {
     },
     "atari": {
         "total_steps": 10_000_000,  # source: rl-zoo a2c.yml / ppo.yml atari n_timesteps 1e7
+        "algo.lr_schedule": "linear",  # source: A3C (Mnih et al. 2016) and IMPALA experiment.py anneal lr to 0;
+        # OpenAI baselines a2c lrschedule='linear'; PPO paper table 5 (alpha 1 -> 0); CleanRL anneal_lr. Measured
+        # here: a Pong fork at 7.21M steps, BENCHMARKS.md "a decaying learning rate" (GA3C and R2D2 keep theirs)
         "env.num_envs": 32,  # source: PAAC section 5.1: n_e = 32
         "env.num_workers": Derived("up to the CPUs (per SEED actor, rank)",  # source: tuned here: Pong steps as
                                    lambda c: env_workers(_rank_envs(c), _cpus_per_env_host(c))),  # fast as its
@@ -383,6 +386,7 @@ ALGO_FAMILY: dict[tuple[str, str], dict[str, Any]] = {
         "arch.batch_size": 64,  # source: SEED table 8: training batch size 64
         "arch.replay_capacity": 250_000,  # source: SEED table 8 holds 1e5 sequences; 250k steps of one frame fit 2 GiB
         "arch.min_replay": 312,  # source: SEED table 8: 5% of the capacity (312 sequences of 40 new steps) first
+        "algo.lr_schedule": "constant",  # source: seed_rl atari/r2d2_main.py create_optimizer: a fixed lr
     },
     ("r2d2", "classic-discrete"): {
         "env.num_envs": 8,  # source: tuned here: tests/test_r2d2.py CartPole run (2 local actors x 8 envs)
@@ -414,6 +418,7 @@ ALGO_FAMILY: dict[tuple[str, str], dict[str, Any]] = {
     ("ga3c", "atari"): {
         "env.num_envs": 32,  # source: PAAC section 5.1 n_e = 32 (GA3C acts with num_agents envs)
         "arch.num_agents": 32,  # source: GA3C section 5.1: N_A in {16, 32, 64, 128} on Pong
+        "algo.lr_schedule": "constant",  # source: GA3C Config.py LEARNING_RATE_START = LEARNING_RATE_END = 0.0003
     },
     ("ga3c", "classic-discrete"): {
         "algo.lr": 3e-3,  # source: tuned here: ga3c/ga3c CartPole-v1 seed 1: 475 at 174k steps (tests/test_ga3c.py lr)
