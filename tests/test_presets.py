@@ -170,6 +170,22 @@ def test_r2d2_keeps_seeds_adam_eps_only_for_atari_sized_td_errors():
     assert eps == {"classic-discrete": 1e-5, "minatar": 1e-5, "atari": 1e-3}
 
 
+def test_atari_actor_critics_anneal_the_lr_and_ga3c_r2d2_keep_theirs_fixed():
+    """A3C, IMPALA, baselines' A2C and PPO anneal the lr to 0 on Atari; GA3C's and seed_rl's R2D2 configs hold
+    it fixed, and so does every other family (BENCHMARKS.md: the Pong fork at 7.21M)."""
+    pairs = [("paac", "a2c"), ("hts", "ppo"), ("seed", "vtrace"), ("impact", "impact"), ("ga3c", "ga3c"),
+             ("seed", "r2d2")]
+    schedule = {(algo, family): RunCfg(env=EnvCfg(id=FAMILY_ENVS[family]), arch=ArchCfg(name=arch),
+                                       algo=AlgoCfg(name=algo)).algo.lr_schedule
+                for arch, algo in pairs for family in ("atari", "minatar")}
+    assert schedule == {**{(algo, "atari"): "linear" for algo in ("a2c", "ppo", "vtrace", "impact")},
+                        **{(algo, "atari"): "constant" for algo in ("ga3c", "r2d2")},
+                        **{(algo, "minatar"): "constant" for _, algo in pairs}}
+    explicit = RunCfg(env=EnvCfg(id="ALE/Pong-v5"), arch=ArchCfg(name="paac"), algo=AlgoCfg(name="a2c",
+                      lr_schedule="constant"))
+    assert explicit.algo.lr_schedule == "constant"
+
+
 def test_presets_command_explains_a_run(capsys):
     assert main(["presets", "--arch", "seed", "--algo", "r2d2", "--env", "CartPole-v1", "--max-grad-norm", "40"]) == 0
     lines = capsys.readouterr().out.splitlines()
