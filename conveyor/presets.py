@@ -225,7 +225,7 @@ FAMILY: dict[str, dict[str, Any]] = {
         "total_steps": 10_000_000,  # source: rl-zoo a2c.yml / ppo.yml atari n_timesteps 1e7
         "algo.lr_schedule": "linear",  # source: A3C (Mnih et al. 2016) and IMPALA experiment.py anneal lr to 0;
         # OpenAI baselines a2c lrschedule='linear'; PPO paper table 5 (alpha 1 -> 0); CleanRL anneal_lr. Measured
-        # here: a Pong fork at 7.21M steps, BENCHMARKS.md "a decaying learning rate" (GA3C and R2D2 keep theirs)
+        # here: a Pong fork at 7.21M steps, BENCHMARKS.md "lr decay in the Atari presets" (GA3C, R2D2 keep theirs)
         "env.num_envs": 32,  # source: PAAC section 5.1: n_e = 32
         "env.num_workers": Derived("up to the CPUs (per SEED actor, rank)",  # source: tuned here: Pong steps as
                                    lambda c: env_workers(_rank_envs(c), _cpus_per_env_host(c))),  # fast as its
