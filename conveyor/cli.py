@@ -67,7 +67,8 @@ def _dest(section: str | None, name: str) -> str:
     return f"{section}.{name}" if section else name
 
 
-def _parse_env_arg(text: str) -> tuple[str, Any]:
+def parse_env_arg(text: str) -> tuple[str, Any]:
+    """``--env-arg KEY=VALUE`` as ``(key, value)``: VALUE read as JSON (numbers, booleans), else as a string."""
     key, sep, raw = text.partition("=")
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"--env-arg wants KEY=VALUE, got {text!r}")
@@ -111,7 +112,7 @@ def _add_field(group: argparse._ArgumentGroup, section: str | None, fld: datacla
     if hint is bool:
         group.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=help_text)
     elif fld.name == "env_args":
-        group.add_argument(flag, dest=dest, action="append", type=_parse_env_arg, metavar="KEY=VALUE", help=help_text)
+        group.add_argument(flag, dest=dest, action="append", type=parse_env_arg, metavar="KEY=VALUE", help=help_text)
     elif typing.get_origin(hint) is tuple:
         group.add_argument(flag, dest=dest, type=_parse_int_tuple, metavar="N,N", help=help_text)
     elif typing.get_origin(hint) in (typing.Union, types.UnionType):  # target_return: a float, or none

@@ -195,6 +195,11 @@ class EnvCfg:
     def kwargs(self) -> dict[str, Any]:
         return dict(self.env_args)
 
+    def with_env_args(self, overrides: tuple[tuple[str, Any], ...]) -> EnvCfg:
+        """These settings with ``overrides`` (``(key, value)`` pairs) in place of the same keys of ``env_args``."""
+        keys = {key for key, _ in overrides}
+        return dataclasses.replace(self, env_args=(*((k, v) for k, v in self.env_args if k not in keys), *overrides))
+
     @property
     def is_atari(self) -> bool:
         return is_atari_id(self.id)

@@ -5,7 +5,9 @@ from the run's ``config.json`` (the same preprocessing as training; real games
 and raw rewards, so each printed return is the env's score), episode ``k``
 reset with seed ``seed + k``, the policy's actions sampled (its mode with
 ``--deterministic``), a recurrent state carried across the steps of an
-episode and started afresh at the next.
+episode and started afresh at the next. ``--env-arg KEY=VALUE`` plays in
+other env settings than training's (``repeat_action_probability=0``: Atari
+v5 without sticky actions).
 
 ``--video FILE.mp4`` records the env's own ``rgb_array`` frames from beneath
 the preprocessing wrappers: for Atari the emulator's 210x160 RGB screen at
@@ -30,7 +32,7 @@ import numpy as np
 
 from conveyor.config import ConfigError
 from conveyor.envs import EPISODE_KEY
-from conveyor.evaluate import EVAL_SEED_OFFSET
+from conveyor.evaluate import EVAL_SEED_OFFSET, add_env_arg_argument
 from conveyor.policy import Policy, load_policy
 
 VIDEO_SUFFIXES = (".mp4", ".mkv", ".mov")
@@ -217,6 +219,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-steps", type=int, default=None, metavar="N",
                         help="cut each episode after N agent steps (default: the env's own limit)")
     parser.add_argument("--device", default="cpu", help="torch device to act on (default: cpu)")
+    add_env_arg_argument(parser)
 
 
 def check_arguments(args: argparse.Namespace) -> None:
@@ -236,10 +239,11 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 def main(args: argparse.Namespace) -> int:
     check_arguments(args)
-    policy = load_policy(args.run, args.checkpoint, args.device)
+    policy = load_policy(args.run, args.checkpoint, args.device, env_args=tuple(args.env_args))
     seed = EVAL_SEED_OFFSET + policy.cfg.seed if args.seed is None else args.seed
     how = "deterministic" if args.deterministic else "sampled"
-    print(f"playing {args.run}: {policy.describe()}; {how} actions, seed {seed}")
+    overrides = "".join(f", {key}={value!r}" for key, value in args.env_args)
+    print(f"playing {args.run}: {policy.describe()}{overrides}; {how} actions, seed {seed}")
     play(policy, args.episodes, seed, deterministic=args.deterministic, render=args.render, video=args.video,
          max_steps=args.max_steps)
     return 0

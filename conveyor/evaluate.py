@@ -38,6 +38,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from conveyor.cli import parse_env_arg
 from conveyor.config import ConfigError, RunCfg, read_config_file
 from conveyor.envs import EPISODE_KEY, make_env
 
@@ -210,13 +211,16 @@ def play_episodes(agent: Agent, envs: Sequence[Any], seeds: Sequence[int], actio
     return returns.tolist()
 
 
-def eval_env_cfg(cfg: RunCfg, noop_max: int) -> Any:
-    """The run's env settings for evaluation: no-op starts, unclipped rewards, real episodes."""
-    return dataclasses.replace(cfg.env, noop_max=noop_max, clip_rewards=False, episodic_life=False)
+def eval_env_cfg(cfg: RunCfg, noop_max: int, env_args: tuple[tuple[str, Any], ...] = ()) -> Any:
+    """The run's env settings for evaluation: no-op starts, unclipped rewards, real episodes; ``env_args``
+    (``(key, value)`` pairs) in place of the same keys of the run's env constructor arguments."""
+    return dataclasses.replace(cfg.env.with_env_args(env_args), noop_max=noop_max, clip_rewards=False,
+                               episodic_life=False)
 
 
-def make_eval_envs(cfg: RunCfg, episodes: int, noop_max: int, seed: int) -> list[Any]:
-    env_cfg = eval_env_cfg(cfg, noop_max)
+def make_eval_envs(cfg: RunCfg, episodes: int, noop_max: int, seed: int,
+                   env_args: tuple[tuple[str, Any], ...] = ()) -> list[Any]:
+    env_cfg = eval_env_cfg(cfg, noop_max, env_args)
     return [make_env(env_cfg, seed + i) for i in range(episodes)]
 
 
@@ -265,10 +269,13 @@ def default_target(cfg: RunCfg) -> float | None:
 
 def evaluate_run(run_dir: Path | str, *, episodes: int = 10, noop_max: int = 30, window: int = WINDOW,
                  time_limit_s: float | None = None, target: float | None = None, seed: int | None = None,
-                 max_episode_steps: int = MAX_EPISODE_STEPS) -> dict[str, Any]:
+                 max_episode_steps: int = MAX_EPISODE_STEPS, env_args: tuple[tuple[str, Any], ...] = ()
+                 ) -> dict[str, Any]:
     """Evaluate every checkpoint of ``run_dir``; writes and returns ``eval.json``.
 
-    ``target`` None uses ``default_target`` of the run's config.
+    ``target`` None uses ``default_target`` of the run's config. ``env_args`` replace those keys of the
+    run's env constructor arguments (an evaluation protocol other than training's: ``repeat_action_probability``
+    0 plays Atari v5 without sticky actions, as the scores published before Machado et al. 2018 were played).
     """
     from conveyor.learner import CheckpointError, load_checkpoint
 
@@ -283,7 +290,7 @@ def evaluate_run(run_dir: Path | str, *, episodes: int = 10, noop_max: int = 30,
                               "to keep the policies evaluation needs")
     seed = EVAL_SEED_OFFSET + cfg.seed if seed is None else seed
     target = default_target(cfg) if target is None else target
-    envs = make_eval_envs(cfg, episodes, noop_max, seed)
+    envs = make_eval_envs(cfg, episodes, noop_max, seed, env_args)
     try:
         model: nn.Module | None = None
         policies: list[PolicyEval] = []
@@ -303,14 +310,16 @@ def evaluate_run(run_dir: Path | str, *, episodes: int = 10, noop_max: int = 30,
         for env in envs:
             env.close()
     result = eval_result(run_dir, cfg.env.id, policies, episodes=episodes, noop_max=noop_max, window=window,
-                         seed=seed, time_limit_s=time_limit_s, target=target)
+                         seed=seed, time_limit_s=time_limit_s, target=target, env_args=env_args)
     write_eval(run_dir, result)
     return result
 
 
 def eval_result(run_dir: Path, env_id: str, policies: Sequence[PolicyEval], *, episodes: int, noop_max: int,
-                window: int, seed: int, time_limit_s: float | None, target: float | None) -> dict[str, Any]:
-    """The ``eval.json`` contents (policies in training order, then the protocol metrics)."""
+                window: int, seed: int, time_limit_s: float | None, target: float | None,
+                env_args: tuple[tuple[str, Any], ...] = ()) -> dict[str, Any]:
+    """The ``eval.json`` contents (policies in training order, then the protocol metrics); ``env_args``: the
+    evaluation's overrides of the run's env constructor arguments."""
     ordered = sorted(policies, key=lambda p: (p.env_steps, p.wall_time_s))
     return {
         "run": str(run_dir),
@@ -318,6 +327,7 @@ def eval_result(run_dir: Path, env_id: str, policies: Sequence[PolicyEval], *, e
         "episodes_per_policy": episodes,
         "window": window,
         "noop_max": noop_max,
+        "env_args": {key: value for key, value in env_args},
         "eval_seed": seed,
         "epsilon_q": EVAL_EPSILON,
         "policies": [p.to_dict() for p in ordered],
@@ -371,6 +381,15 @@ def _fmt(value: float | None) -> str:
 
 
 # ---- `conveyor eval` ---------------------------------------------------------------------------
+def add_env_arg_argument(parser: argparse.ArgumentParser) -> None:
+    """``--env-arg KEY=VALUE`` of ``conveyor eval`` and ``conveyor enjoy``: play in other env settings."""
+    parser.add_argument("--env-arg", dest="env_args", action="append", default=[], type=parse_env_arg,
+                        metavar="KEY=VALUE",
+                        help="replace one of the run's env constructor arguments (repeatable); e.g. "
+                             "repeat_action_probability=0 plays Atari v5 without sticky actions, the protocol of "
+                             "the Atari scores published before 2018")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run", required=True, type=Path, metavar="DIR", help="the run's --out directory")
     parser.add_argument("--episodes", type=int, default=10, help="evaluation episodes per policy (default: 10)")
@@ -385,6 +404,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "env's reward threshold)")
     parser.add_argument("--seed", type=int, default=None,
                         help=f"first evaluation env seed (default: {EVAL_SEED_OFFSET:,} + the run's seed)")
+    add_env_arg_argument(parser)
     parser.add_argument("--max-episode-steps", type=int, default=MAX_EPISODE_STEPS,
                         help=f"cut evaluation episodes after this many agent steps (default: {MAX_EPISODE_STEPS})")
 
@@ -392,7 +412,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     result = evaluate_run(args.run, episodes=args.episodes, noop_max=args.noop_max, window=args.window,
                           time_limit_s=args.time_limit_s, target=args.target, seed=args.seed,
-                          max_episode_steps=args.max_episode_steps)
+                          max_episode_steps=args.max_episode_steps, env_args=tuple(args.env_args))
     print(format_table(result))
     print(f"written: {Path(args.run) / 'eval.json'}")
     return 0

@@ -114,10 +114,8 @@ def play_env_cfg(cfg: RunCfg, render_mode: str | None = None) -> EnvCfg:
     """The run's env settings for playing: real games (no episodic life) and raw rewards (no clipping; the
     normalization of ``normalize_reward`` is applied only when ``make_env`` gets a discount, and it gets none
     here); with ``render_mode``, passed to the env's constructor."""
-    env_args = cfg.env.env_args
-    if render_mode is not None:
-        env_args = (*((key, value) for key, value in env_args if key != "render_mode"), ("render_mode", render_mode))
-    return dataclasses.replace(cfg.env, episodic_life=False, clip_rewards=False, env_args=env_args)
+    env = cfg.env if render_mode is None else cfg.env.with_env_args((("render_mode", render_mode),))
+    return dataclasses.replace(env, episodic_life=False, clip_rewards=False)
 
 
 class Policy:
@@ -268,15 +266,18 @@ def checkpoint_file(run_dir: Path, checkpoint: str | int | None) -> Path | None:
 
 
 def load_policy(run_dir: Path | str, checkpoint: str | int | None = "latest", device: str | torch.device = "cpu",
-                seed: int | None = None) -> Policy:
+                seed: int | None = None, env_args: tuple[tuple[str, Any], ...] = ()) -> Policy:
     """The policy of the run in ``run_dir`` at ``checkpoint``: ``latest`` (the newest checkpoint that loads), an
     env-step count (``checkpoints/ckpt-<N>.pt``) or a path to a checkpoint file; on ``device``. ``seed`` seeds
-    the random numbers of ``act``. A directory without ``config.json`` is a ``ConfigError``, a missing or
-    unreadable checkpoint a ``CheckpointError`` (one line each, naming the fix)."""
+    the random numbers of ``act``; ``env_args`` (``(key, value)`` pairs) replace those keys of the run's env
+    constructor arguments in the envs it plays (``repeat_action_probability`` 0: Atari without sticky actions).
+    A directory without ``config.json`` is a ``ConfigError``, a missing or unreadable checkpoint a
+    ``CheckpointError`` (one line each, naming the fix)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ConfigError(f"run directory {run_dir} does not exist: pass the --out DIR of a conveyor run")
     cfg = load_run_config(run_dir)
+    cfg = dataclasses.replace(cfg, env=cfg.env.with_env_args(env_args))
     device = usable_device(device)
     path = checkpoint_file(run_dir, checkpoint)
     if path is None:

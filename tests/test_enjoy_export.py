@@ -169,6 +169,13 @@ def test_play_env_is_the_training_env_with_real_games_and_raw_rewards():
     assert play.frame_stack == cfg.env.frame_stack and play.frame_skip == cfg.env.frame_skip
 
 
+def test_env_arg_overrides_replace_only_their_keys():
+    env = EnvCfg(id="ALE/Pong-v5", env_args=(("repeat_action_probability", 0.25), ("mode", 0)))
+    assert env.with_env_args((("repeat_action_probability", 0.0), ("difficulty", 1))).kwargs == {
+        "repeat_action_probability": 0.0, "mode": 0, "difficulty": 1}
+    assert env.with_env_args(()) == env
+
+
 # ---- enjoy ------------------------------------------------------------------------------------------
 def episode_lines(text):
     return re.findall(r"^episode \d+: return (-?[\d.]+), length (\d+)", text, flags=re.MULTILINE)
@@ -231,6 +238,19 @@ def test_atari_video_holds_the_raw_emulator_frames(tmp_path, capsys):
     size, frames = video_size_and_frames(video)
     assert size == (160, 210)  # not the 84x84 network input
     assert 1 + 1 + 3 * 4 <= frames <= 1 + 2 + 3 * 4  # reset, 1-2 no-ops, 3 agent steps of 4 emulator frames
+
+
+def test_env_arg_plays_pong_without_sticky_actions(tmp_path, capsys):
+    """``--env-arg repeat_action_probability=0`` reaches the emulator (ALE/Pong-v5 trains with sticky actions)."""
+    run = synthetic_run(tmp_path / "pong", RunCfg(env=EnvCfg(id="ALE/Pong-v5", noop_max=2)))
+    for env_args, expected in [((), 0.25), ((("repeat_action_probability", 0),), 0.0)]:
+        env = load_policy(run, env_args=env_args).make_env(seed=0)
+        assert env.unwrapped.ale.getFloat("repeat_action_probability") == pytest.approx(expected)
+        env.close()
+    assert main(["enjoy", "--run", str(run), "--episodes", "1", "--max-steps", "2",
+                 "--env-arg", "repeat_action_probability=0"]) == 0
+    out = capsys.readouterr().out
+    assert "repeat_action_probability=0;" in out and len(episode_lines(out)) == 1
 
 
 # ---- export -----------------------------------------------------------------------------------------

@@ -137,6 +137,18 @@ def test_eval_command_prints_the_table_and_exits_2_on_bad_runs(tmp_path, capsys)
     assert "does not fit" in err and len(err.splitlines()) == 1
 
 
+def test_eval_env_arg_reaches_the_env_and_is_recorded(tmp_path, capsys):
+    write_synthetic_run(tmp_path, correct_from=1, count=2)
+    assert main(["eval", "--run", str(tmp_path), "--episodes", "2", "--env-arg", "mean_ms=0.5"]) == 0
+    result = json.loads((tmp_path / "eval.json").read_text())
+    assert result["env_args"] == {"mean_ms": 0.5} and [p["mean"] for p in result["policies"]] == [0.0, 100.0]
+    capsys.readouterr()
+    # The override replaces the run's own dist (constant): a bad one is the env's one-line usage error.
+    assert main(["eval", "--run", str(tmp_path), "--episodes", "1", "--env-arg", "dist=bogus"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "unknown StepTime dist 'bogus'" in err and len(err.splitlines()) == 1
+
+
 def test_q_head_and_recurrent_core_are_read_off_the_checkpoint():
     env = make_env(EnvCfg(id="CartPole-v1"), 0)
     saved = make_model(RunCfg(arch=ArchCfg(name="seed"), algo=AlgoCfg(name="r2d2"),
