@@ -233,7 +233,7 @@ def test_learning_suite_is_issue_15s_matrix_with_only_the_allowed_flags():
         skipped = run.cfg.env.id.startswith("MinAtar/") and minatar_missing
         assert bool(run.skip_reason) == skipped
     assert reference("CartPole-v1", "paac/a2c").endswith("rl-baselines3-zoo benchmark (SB3 A2C, 500k steps)")
-    assert reference("ALE/Pong-v5", "ga3c/ga3c") == "18: GA3C paper table 3 (1 day on a GPU)"
+    assert reference("ALE/Pong-v5", "ga3c/ga3c") == "18: GA3C paper table 3 (1 day on a GPU, no sticky actions)"
     assert reference("Pendulum-v1", "seed/vtrace").startswith("none published")
 
 

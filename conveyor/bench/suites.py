@@ -228,11 +228,12 @@ REFERENCES: dict[tuple[str, str | None], str] = {
     ("MinAtar/SpaceInvaders-v1", None): ("none published as a number: the MinAtar paper (Young & Tian 2019) "
                                          "shows DQN and AC(lambda) learning curves over 5M frames, no table"),
     ("ALE/Pong-v5", "paac/a2c"): ("20.6 (arch_nips) / 20.9 (arch_nature): PAAC paper table 1 "
-                                  "(115M steps, best of 3 actors, 30 no-op starts)"),
-    ("ALE/Pong-v5", "ga3c/ga3c"): "18: GA3C paper table 3 (1 day on a GPU)",
+                                  "(115M steps, best of 3 actors, 30 no-op starts, no sticky actions)"),
+    ("ALE/Pong-v5", "ga3c/ga3c"): "18: GA3C paper table 3 (1 day on a GPU, no sticky actions)",
     ("ALE/Pong-v5", "seed/vtrace"): ("21.0: SEED RL paper table A.3.2 (its Atari agent is R2D2; "
                                      "no V-trace Atari number there)"),
-    ("ALE/Pong-v5", "hts/a2c"): "17.3 ± 3.2: rl-baselines3-zoo benchmark (SB3 A2C, PongNoFrameskip-v4, 10M steps)",
+    ("ALE/Pong-v5", "hts/a2c"): ("17.3 ± 3.2: rl-baselines3-zoo benchmark (SB3 A2C, PongNoFrameskip-v4: no sticky "
+                                 "actions, 10M steps)"),
     ("ALE/Pong-v5", None): "none published as a number: IMPACT paper figure 6 (Pong) shows curves only",
 }
 
