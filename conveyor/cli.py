@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from conveyor import presets
 from conveyor.config import (AlgoCfg, ArchCfg, ConfigError, EnvCfg, ModelCfg, RunCfg, field_docs,
-                             read_config_file)
+                             parse_env_arg, read_config_file)
 from conveyor.errors import RunFailure, StoppedWhileStarting, WorkerFailure
 
 USAGE_ERROR = 2
@@ -65,18 +65,6 @@ def _flag(section: str | None, name: str) -> str:
 
 def _dest(section: str | None, name: str) -> str:
     return f"{section}.{name}" if section else name
-
-
-def parse_env_arg(text: str) -> tuple[str, Any]:
-    """``--env-arg KEY=VALUE`` as ``(key, value)``: VALUE read as JSON (numbers, booleans), else as a string."""
-    key, sep, raw = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"--env-arg wants KEY=VALUE, got {text!r}")
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError:
-        value = raw  # a bare string such as dist=exponential
-    return key, value
 
 
 def _parse_optional_float(text: str) -> float | None:

@@ -20,6 +20,7 @@ field and the fix; the CLI turns it into exit code 2.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import functools
 import json
@@ -135,6 +136,18 @@ def _unit_interval(obj: Any, *names: str) -> None:
         value = getattr(obj, name)
         if value is not None and not 0.0 <= value <= 1.0:
             raise ConfigError(f"{name} must lie in [0, 1], got {value}")
+
+
+def parse_env_arg(text: str) -> tuple[str, Any]:
+    """``--env-arg KEY=VALUE`` as ``(key, value)``: VALUE read as JSON (numbers, booleans), else as a string."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"--env-arg wants KEY=VALUE, got {text!r}")
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw  # a bare string such as dist=exponential
+    return key, value
 
 
 @dataclass(frozen=True)

@@ -38,8 +38,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from conveyor.cli import parse_env_arg
-from conveyor.config import ConfigError, RunCfg, read_config_file
+from conveyor.config import ConfigError, RunCfg, parse_env_arg, read_config_file
 from conveyor.envs import EPISODE_KEY, make_env
 
 WINDOW = 10
