@@ -210,16 +210,13 @@ def play_episodes(agent: Agent, envs: Sequence[Any], seeds: Sequence[int], actio
     return returns.tolist()
 
 
-def eval_env_cfg(cfg: RunCfg, noop_max: int, env_args: tuple[tuple[str, Any], ...] = ()) -> Any:
-    """The run's env settings for evaluation: no-op starts, unclipped rewards, real episodes; ``env_args``
-    (``(key, value)`` pairs) in place of the same keys of the run's env constructor arguments."""
-    return dataclasses.replace(cfg.env.with_env_args(env_args), noop_max=noop_max, clip_rewards=False,
-                               episodic_life=False)
+def eval_env_cfg(cfg: RunCfg, noop_max: int) -> Any:
+    """The run's env settings for evaluation: no-op starts, unclipped rewards, real episodes."""
+    return dataclasses.replace(cfg.env, noop_max=noop_max, clip_rewards=False, episodic_life=False)
 
 
-def make_eval_envs(cfg: RunCfg, episodes: int, noop_max: int, seed: int,
-                   env_args: tuple[tuple[str, Any], ...] = ()) -> list[Any]:
-    env_cfg = eval_env_cfg(cfg, noop_max, env_args)
+def make_eval_envs(cfg: RunCfg, episodes: int, noop_max: int, seed: int) -> list[Any]:
+    env_cfg = eval_env_cfg(cfg, noop_max)
     return [make_env(env_cfg, seed + i) for i in range(episodes)]
 
 
@@ -283,13 +280,14 @@ def evaluate_run(run_dir: Path | str, *, episodes: int = 10, noop_max: int = 30,
         raise ConfigError(f"--episodes ({episodes}) and --window ({window}) must be positive and --noop-max "
                           f"({noop_max}) >= 0")
     cfg = load_run_config(run_dir)
+    cfg = dataclasses.replace(cfg, env=cfg.env.with_env_args(env_args))
     paths = sorted(run_dir.glob("checkpoints/ckpt-*.pt"))
     if not paths:
         raise CheckpointError(f"no checkpoints in {run_dir}/checkpoints: train with --checkpoint-every N "
                               "to keep the policies evaluation needs")
     seed = EVAL_SEED_OFFSET + cfg.seed if seed is None else seed
     target = default_target(cfg) if target is None else target
-    envs = make_eval_envs(cfg, episodes, noop_max, seed, env_args)
+    envs = make_eval_envs(cfg, episodes, noop_max, seed)
     try:
         model: nn.Module | None = None
         policies: list[PolicyEval] = []
@@ -326,7 +324,7 @@ def eval_result(run_dir: Path, env_id: str, policies: Sequence[PolicyEval], *, e
         "episodes_per_policy": episodes,
         "window": window,
         "noop_max": noop_max,
-        "env_args": {key: value for key, value in env_args},
+        "env_args": dict(env_args),
         "eval_seed": seed,
         "epsilon_q": EVAL_EPSILON,
         "policies": [p.to_dict() for p in ordered],
