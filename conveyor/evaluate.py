@@ -43,6 +43,8 @@ from conveyor.envs import EPISODE_KEY, make_env
 
 WINDOW = 10
 """Policies in the protocol's window (x 10 episodes each = the last 100 evaluation episodes)."""
+NOOP_MAX = 30
+"""Atari: up to this many no-op actions start each evaluation episode (Mnih et al. 2015's protocol)."""
 EVAL_EPSILON = 1e-3
 """Exploration of greedy Q-head policies during evaluation."""
 EVAL_SEED_OFFSET = 1_000_000
@@ -263,7 +265,7 @@ def default_target(cfg: RunCfg) -> float | None:
     return float(threshold) if threshold is not None else None
 
 
-def evaluate_run(run_dir: Path | str, *, episodes: int = 10, noop_max: int = 30, window: int = WINDOW,
+def evaluate_run(run_dir: Path | str, *, episodes: int = 10, noop_max: int = NOOP_MAX, window: int = WINDOW,
                  time_limit_s: float | None = None, target: float | None = None, seed: int | None = None,
                  max_episode_steps: int = MAX_EPISODE_STEPS, env_args: tuple[tuple[str, Any], ...] = ()
                  ) -> dict[str, Any]:
@@ -390,8 +392,8 @@ def add_env_arg_argument(parser: argparse.ArgumentParser) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run", required=True, type=Path, metavar="DIR", help="the run's --out directory")
     parser.add_argument("--episodes", type=int, default=10, help="evaluation episodes per policy (default: 10)")
-    parser.add_argument("--noop-max", type=int, default=30,
-                        help="Atari: up to this many no-op actions at the start of each episode (default: 30)")
+    parser.add_argument("--noop-max", type=int, default=NOOP_MAX,
+                        help=f"Atari: up to this many no-op actions at the start of each episode (default: {NOOP_MAX})")
     parser.add_argument("--window", type=int, default=WINDOW,
                         help="policies in the final metric and the running mean (default: 10)")
     parser.add_argument("--time-limit-s", type=float, default=None, metavar="S",

@@ -15,10 +15,10 @@ import torch
 
 from conveyor.bench import run_suite
 from conveyor.bench.child import OUTCOME_FILE, SPEC_FILE
-from conveyor.bench.report import (final_return, final_time_limits, replace_section, result_row, section_markers,
-                                   seed_band, threshold_crossing, write_results)
-from conveyor.bench.suites import (LEARNING_FLAGS, PONG_STEPS, BenchRun, EnvBudget, Suite, bench_cfg, learning_suite,
-                                   quick_suite, reference, train_config)
+from conveyor.bench.report import (eval_protocol, final_return, final_time_limits, replace_section, result_row,
+                                   section_markers, seed_band, threshold_crossing, write_results)
+from conveyor.bench.suites import (LEARNING_FLAGS, PONG_STEPS, BenchRun, EnvBudget, LearningEnv, Suite, bench_cfg,
+                                   learning_suite, quick_suite, reference, train_config)
 from conveyor.cli import main
 from conveyor.config import ARCHS, AlgoCfg, ArchCfg, ConfigError, EnvCfg
 from conveyor.envs import STEP_TIME_ID
@@ -225,13 +225,19 @@ def test_learning_suite_is_issue_15s_matrix_with_only_the_allowed_flags():
         # Each run is a user's `conveyor train` line: the presets chose everything else.
         assert set(run.flags[::2]) <= LEARNING_FLAGS and "--env" in run.flags and "--total-steps" in run.flags
         assert dataclasses.replace(run.cfg, time_limit_s=0.0, progress=True) == train_config(run.flags)
-        assert run.cfg.time_limit_s > 0 and run.eval_episodes == 0
+        assert run.cfg.time_limit_s > 0
+        # Pong's final policies also play as the published scores were: no sticky actions, 30 episodes.
+        pong = run.cfg.env.id == "ALE/Pong-v5"
+        assert (run.eval_episodes, run.eval_env_args) == (
+            (30, (("repeat_action_probability", 0.0),)) if pong else (0, ()))
     impala = next(run for run in suite.runs if run.algo_label == "impala")
     assert "--algo" not in impala.flags and impala.cfg.algo.name == "vtrace"  # the preset picks the algorithm
     minatar_missing = importlib.util.find_spec("minatar") is None
     for run in suite.runs:
         skipped = run.cfg.env.id.startswith("MinAtar/") and minatar_missing
         assert bool(run.skip_reason) == skipped
+    [pong_env] = [env for env in suite.learning_envs if env.id == "ALE/Pong-v5"]
+    assert eval_protocol(pong_env) == "final policy, 30 episodes, up to 30 no-op starts, repeat_action_probability=0.0"
     assert reference("CartPole-v1", "paac/a2c").endswith("rl-baselines3-zoo benchmark (SB3 A2C, 500k steps)")
     assert reference("ALE/Pong-v5", "ga3c/ga3c") == "18: GA3C paper table 3 (1 day on a GPU, no sticky actions)"
     assert reference("Pendulum-v1", "seed/vtrace").startswith("none published")
@@ -339,6 +345,33 @@ def test_learning_suite_runs_a_real_child_end_to_end(tmp_path, capsys):
     assert json.loads((run_dir / "config.json").read_text())["total_steps"] == 3000
     assert (out / "learning_steps_CartPole-v1.png").read_bytes()[:8] == PNG_MAGIC
     assert "| paac/a2c | `--arch paac --algo a2c` | 1/1 |" in (out / "results.md").read_text()
+
+
+def test_learning_env_with_an_eval_protocol_evaluates_the_final_policy_in_it(tmp_path):
+    # CartPole's Sutton & Barto reward pays 0 per step and -1 at a failure: a return <= 0 shows the evaluation
+    # played the protocol's env (training's pays +1 per step), as Pong's plays without sticky actions.
+    protocol = (("sutton_barto_reward", True),)
+    env = LearningEnv("CartPole-v1", 1000, 475.0, 60.0, runs=(("paac", "a2c", ""),), eval_episodes=3,
+                      eval_env_args=protocol)
+    flags = ("--arch", "paac", "--algo", "a2c", "--env", "CartPole-v1", "--seed", "1", "--total-steps", "1000")
+    cfg = dataclasses.replace(train_config(flags), time_limit_s=60.0, progress=False, torch_threads=1)
+    run = BenchRun("paac-a2c-CartPole-v1-s1", cfg, eval_episodes=3, eval_env_args=protocol, flags=flags)
+    out = tmp_path / "out"
+    rows = run_suite(Suite("learning", "protocol", (run,), (env,)), out, log=lambda line: None)
+    assert rows[0]["status"] == "ok", rows[0]["error"]
+    result = json.loads((out / "runs" / run.name / "eval.json").read_text())
+    assert result["env_args"] == {"sutton_barto_reward": True} and result["noop_max"] == 30
+    [policy] = result["policies"]  # the run's final checkpoint, its only one
+    assert policy["env_steps"] >= 1000 and len(policy["returns"]) == 3
+    assert all(r in (-1.0, 0.0) for r in policy["returns"])
+    [learning] = list(csv.DictReader(open(out / "learning.csv")))
+    assert learning["eval_protocol"] == "final policy, 3 episodes, sutton_barto_reward=True"
+    assert float(learning["eval_return_mean"]) == pytest.approx(np.mean(policy["returns"]))
+    table = (out / "results.md").read_text()
+    assert "Evaluated: final policy, 3 episodes, sutton_barto_reward=True; mean ± std over seeds" in table
+    assert "| wall time to threshold | evaluated | published |" in table
+    with pytest.raises(ConfigError, match="eval_env_args need conveyor's evaluation"):
+        BenchRun("sb3", cfg, framework="sb3", eval_env_args=protocol)
 
 
 def test_learning_flags_are_checked(capsys):

@@ -249,11 +249,11 @@ def run_sb3(cfg: RunCfg, run_dir: Path, eval_episodes: int) -> None:
 def evaluate_snapshots(cfg: RunCfg, out: Path, model: Any, snapshots: list[tuple[Any, dict[str, torch.Tensor]]],
                        eval_episodes: int) -> None:
     """``conveyor eval``'s protocols over the kept SB3 policies (loaded into ``model`` in turn): eval.json."""
-    from conveyor.evaluate import (EVAL_SEED_OFFSET, default_target, eval_result, evaluate_agents, make_eval_envs,
-                                   write_eval)
+    from conveyor.evaluate import (EVAL_SEED_OFFSET, NOOP_MAX, WINDOW, default_target, eval_result, evaluate_agents,
+                                   make_eval_envs, write_eval)
 
     seed = EVAL_SEED_OFFSET + cfg.seed
-    envs = make_eval_envs(cfg, eval_episodes, noop_max=30, seed=seed)
+    envs = make_eval_envs(cfg, eval_episodes, noop_max=NOOP_MAX, seed=seed)
     try:
         evaluated = []
         for policy, state in snapshots:
@@ -262,5 +262,5 @@ def evaluate_snapshots(cfg: RunCfg, out: Path, model: Any, snapshots: list[tuple
     finally:
         for env in envs:
             env.close()
-    write_eval(out, eval_result(out, cfg.env.id, evaluated, episodes=eval_episodes, noop_max=30, window=10,
+    write_eval(out, eval_result(out, cfg.env.id, evaluated, episodes=eval_episodes, noop_max=NOOP_MAX, window=WINDOW,
                                 seed=seed, time_limit_s=None, target=default_target(cfg)))

@@ -5,10 +5,12 @@ plots of ``conveyor.plots`` and a table of SPS, returns, evaluation metrics,
 lag and time split. The learning suite gets, per env, the runs of each
 architecture/algorithm summarized over seeds (``learning_results``): final
 return, env steps and wall time until the mean of the last 100 episodes
-reached the env's threshold (``threshold_crossing``), the published number to
-compare with; ``learning.csv``; and two PNGs per env, return vs env steps and
-vs wall time, every row on one axes as the mean over seeds with a min-max
-band (``plot_learning``).
+reached the env's threshold (``threshold_crossing``), the final policy's mean
+score in the protocol of the env's published numbers where that differs from
+training's (``eval_protocol``), the published number to compare with;
+``learning.csv``; and two PNGs per env, return vs env steps and vs wall time,
+every row on one axes as the mean over seeds with a min-max band
+(``plot_learning``).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ ROW_FIELDS = (
 LEARNING_FIELDS = (
     "env", "run", "flags", "seeds", "seeds_ok", "final_return_mean", "final_return_std", "threshold",
     "seeds_reached", "steps_to_threshold_mean", "steps_to_threshold_std", "wall_s_to_threshold_mean",
-    "wall_s_to_threshold_std", "reference", "notes",
+    "wall_s_to_threshold_std", "eval_protocol", "eval_return_mean", "eval_return_std", "reference", "notes",
 )
 TARGET_STOP, TIME_STOP = "target_return reached", "time_limit_s reached"
 """A run's stop reason when it stopped at its target return / its wall-time limit (``conveyor.run``)."""
@@ -307,6 +309,7 @@ def learning_results(envs: Sequence[LearningEnv], runs: Sequence[BenchRun],
             final_mean, final_std = _mean_std(finals)
             steps_mean, steps_std = _mean_std([steps for steps, _ in crossings])
             wall_mean, wall_std = _mean_std([wall for _, wall in crossings])
+            eval_mean, eval_std = _mean_std([row["final_metric"] for row in group if row["final_metric"] is not None])
             notes = sorted({f"{row['status']}: {row['error']}" for row in group if row["status"] != "ok"})
             if capped := sum(row["stop_reason"] == TIME_STOP for row in group):
                 notes.append(f"{capped} stopped at the wall-time guard")
@@ -316,9 +319,24 @@ def learning_results(envs: Sequence[LearningEnv], runs: Sequence[BenchRun],
                 "threshold": env.threshold, "seeds_reached": None if env.threshold is None else len(crossings),
                 "steps_to_threshold_mean": steps_mean, "steps_to_threshold_std": steps_std,
                 "wall_s_to_threshold_mean": wall_mean, "wall_s_to_threshold_std": wall_std,
+                "eval_protocol": eval_protocol(env), "eval_return_mean": eval_mean, "eval_return_std": eval_std,
                 "reference": reference(env.id, label), "notes": "; ".join(notes),
             })
     return results
+
+
+def eval_protocol(env: LearningEnv) -> str:
+    """How an env's final policies are evaluated after training ("" when they are not)."""
+    from conveyor.evaluate import NOOP_MAX
+    from conveyor.presets import is_atari_id
+
+    if not env.eval_episodes:
+        return ""
+    parts = [f"final policy, {env.eval_episodes} episodes"]
+    if is_atari_id(env.id):
+        parts.append(f"up to {NOOP_MAX} no-op starts")
+    parts += [f"{key}={value}" for key, value in env.eval_env_args]
+    return ", ".join(parts)
 
 
 def seed_band(curves: Sequence[np.ndarray], column: int, held: Sequence[bool],
@@ -400,23 +418,26 @@ def learning_report(suite: Suite, results: Sequence[dict[str, Any]], runs: int, 
         if not env_results:
             continue
         target = "no threshold" if env.threshold is None else f"threshold {env.threshold:g}"
+        protocol = eval_protocol(env)
         lines += [
             "",
             f"#### {env.id}: {env.total_steps:,} env steps, {target}",
             "",
+            *([f"Evaluated: {protocol}; mean ± std over seeds of each seed's mean score.", ""] if protocol else []),
             "| arch/algo | flags | seeds ok | final return | env steps to threshold | wall time to threshold "
-            "| published |",
-            "|---|---|---:|---:|---:|---:|---|",
+            f"|{' evaluated |' if protocol else ''} published |",
+            f"|---|---|---:|---:|---:|---:|{'---:|' if protocol else ''}---|",
         ]
         for result in env_results:
             seeds = f"{result['seeds_ok']}/{result['seeds']}"
             if result["notes"]:
                 seeds += f" ({_cell(result['notes'], 100)})"
+            evaluated = f" {_spread(result['eval_return_mean'], result['eval_return_std'], 1)} |" if protocol else ""
             lines.append(
                 f"| {result['run']} | `{result['flags']}` | {seeds} "
                 f"| {_spread(result['final_return_mean'], result['final_return_std'], 1)} "
                 f"| {_to_threshold(result, 'steps_to_threshold', 0, '')} "
-                f"| {_to_threshold(result, 'wall_s_to_threshold', 1, ' s')} | {result['reference']} |")
+                f"| {_to_threshold(result, 'wall_s_to_threshold', 1, ' s')} |{evaluated} {result['reference']} |")
         stems = {f"{stem}_{file_safe(env.id)}" for stem in LEARNING_PLOTS}
         lines += _images([p for p in plots if Path(p).stem in stems])
     return "\n".join(lines) + "\n"

@@ -7,7 +7,9 @@ defaults learn: each run is exactly the ``conveyor train`` command a user
 would type, ``--arch/--algo/--env/--seed/--total-steps`` (and ``--preset``
 for IMPACT's comparison presets), so the presets decide everything else; its
 report measures return against each env's threshold (``LEARNING_ENVS``) and
-quotes published numbers (``REFERENCES``).
+quotes published numbers (``REFERENCES``); where those were played in another
+protocol than training's env (Pong: no sticky actions), each run's final
+policy is evaluated in it too.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ class BenchRun:
     framework: str = "conveyor"
     eval_episodes: int = 10
     """Evaluation episodes per policy; 0 skips evaluation (e.g. the step-time env, where only speed matters)."""
+    eval_env_args: tuple[tuple[str, Any], ...] = ()
+    """Env constructor arguments the evaluation replaces (``conveyor eval --env-arg``): another protocol."""
     algo_label: str = ""
     """The algorithm's name in tables when it is not ``cfg.algo.name`` (a peer's own name for it, a preset)."""
     flags: tuple[str, ...] = ()
@@ -50,6 +54,9 @@ class BenchRun:
     def __post_init__(self) -> None:
         if self.framework not in FRAMEWORKS:
             raise ConfigError(f"unknown framework {self.framework!r}: choose one of {', '.join(FRAMEWORKS)}")
+        if self.eval_env_args and self.framework != "conveyor":
+            raise ConfigError(f"bench run {self.name}: eval_env_args need conveyor's evaluation (the peers' "
+                              "evaluate in their training env)")
         if not self.cfg.time_limit_s:
             raise ConfigError(f"bench run {self.name} needs a wall-time cap: set time_limit_s")
 
@@ -91,6 +98,11 @@ class LearningEnv:
     """(arch, algo, preset) per row; an empty algo leaves it to the preset."""
     package: str = ""
     """The module that provides the env; without it the env's rows are skipped."""
+    eval_episodes: int = 0
+    """Episodes each run's final policy plays after training, in the protocol of the env's published scores;
+    0: none (the training curve is already comparable with them)."""
+    eval_env_args: tuple[tuple[str, Any], ...] = ()
+    """How that protocol's env differs from training's (``conveyor eval --env-arg``)."""
 
 
 @dataclass(frozen=True)
@@ -186,6 +198,10 @@ MINATAR_RUNS = (*DISCRETE_RUNS, ("seed", "r2d2", ""))
 HOUR = 3600.0
 # Pong's budget depends on the hardware: what a GPU learner gets through in a few hours, else a CPU's share.
 PONG_STEPS = {"cpu": 2_000_000, "cuda": 10_000_000}
+# The Pong scores of REFERENCES were played without sticky actions (ALE/Pong-v5 has them, Machado et al. 2018),
+# averaged over 30 episodes: PAAC table 1 ("averaged over 30 runs with up to 30 no-op actions start condition"),
+# GA3C table 3 ("the average score on 30 games"). ``conveyor eval`` plays up to 30 no-ops by default.
+PUBLISHED_ATARI_PROTOCOL = {"eval_episodes": 30, "eval_env_args": (("repeat_action_probability", 0.0),)}
 LEARNING_ENVS = (
     LearningEnv("CartPole-v1", 300_000, 475.0, HOUR, runs=(
         ("paac", "a2c", ""), ("paac", "ppo", ""), ("ga3c", "ga3c", ""), ("seed", "vtrace", ""), ("seed", "r2d2", ""),
@@ -197,7 +213,8 @@ LEARNING_ENVS = (
         ("paac", "ppo", ""), ("impact", "impact", ""))),
     LearningEnv("MinAtar/Breakout-v1", 1_000_000, None, 3 * HOUR, package="minatar", runs=MINATAR_RUNS),
     LearningEnv("MinAtar/SpaceInvaders-v1", 1_000_000, None, 3 * HOUR, package="minatar", runs=MINATAR_RUNS),
-    LearningEnv("ALE/Pong-v5", PONG_STEPS["cpu"], None, 6 * HOUR, package="ale_py", runs=DISCRETE_RUNS),
+    LearningEnv("ALE/Pong-v5", PONG_STEPS["cpu"], None, 6 * HOUR, package="ale_py", runs=DISCRETE_RUNS,
+                **PUBLISHED_ATARI_PROTOCOL),
 )
 QUICK_ENVS = ("CartPole-v1",)
 LEARNING_FLAGS = frozenset({"--arch", "--algo", "--preset", "--env", "--seed", "--total-steps"})
@@ -299,7 +316,8 @@ def learning_suite(seeds: Sequence[int] | None = None, *, quick: bool = False, b
                 # Bench plumbing only: a wall-time guard, no progress line; learning settings stay the presets'.
                 cfg = dataclasses.replace(train_config(flags), time_limit_s=env.time_limit_s, progress=False)
                 runs.append(BenchRun(run_name("conveyor", arch, preset or algo, env.id, seed), cfg,
-                                     eval_episodes=0, algo_label=preset, flags=flags, skip_reason=skip_reason))
+                                     eval_episodes=env.eval_episodes, eval_env_args=env.eval_env_args,
+                                     algo_label=preset, flags=flags, skip_reason=skip_reason))
     scope = "CartPole-v1" if quick else "CartPole-v1, Pendulum-v1, HalfCheetah-v5, MinAtar Breakout and " \
                                         "SpaceInvaders, Pong"
     return Suite("learning-quick" if quick else "learning",
