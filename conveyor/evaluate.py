@@ -267,15 +267,17 @@ def default_target(cfg: RunCfg) -> float | None:
 
 def evaluate_run(run_dir: Path | str, *, episodes: int = 10, noop_max: int = NOOP_MAX, window: int = WINDOW,
                  time_limit_s: float | None = None, target: float | None = None, seed: int | None = None,
-                 max_episode_steps: int = MAX_EPISODE_STEPS, env_args: tuple[tuple[str, Any], ...] = ()
-                 ) -> dict[str, Any]:
-    """Evaluate every checkpoint of ``run_dir``; writes and returns ``eval.json``.
+                 max_episode_steps: int = MAX_EPISODE_STEPS, env_args: tuple[tuple[str, Any], ...] = (),
+                 checkpoints: Sequence[str | int] = ()) -> dict[str, Any]:
+    """Evaluate the checkpoints of ``run_dir``; writes and returns ``eval.json``.
 
-    ``target`` None uses ``default_target`` of the run's config. ``env_args`` replace those keys of the
-    run's env constructor arguments (an evaluation protocol other than training's: ``repeat_action_probability``
-    0 plays Atari v5 without sticky actions, as the scores published before Machado et al. 2018 were played).
+    ``checkpoints``: which ones (each ``latest``, an env-step count or a ``.pt`` path, as ``conveyor enjoy
+    --checkpoint`` takes); none: every checkpoint. ``target`` None uses ``default_target`` of the run's config.
+    ``env_args`` replace those keys of the run's env constructor arguments (an evaluation protocol other than
+    training's: ``repeat_action_probability`` 0 plays Atari v5 without sticky actions, as the scores published
+    before Machado et al. 2018 were played).
     """
-    from conveyor.learner import CheckpointError, load_checkpoint
+    from conveyor.learner import CheckpointError, checkpoint_file, load_checkpoint
 
     run_dir = Path(run_dir)
     if episodes <= 0 or window <= 0 or noop_max < 0:
@@ -287,6 +289,8 @@ def evaluate_run(run_dir: Path | str, *, episodes: int = 10, noop_max: int = NOO
     if not paths:
         raise CheckpointError(f"no checkpoints in {run_dir}/checkpoints: train with --checkpoint-every N "
                               "to keep the policies evaluation needs")
+    if checkpoints:  # `latest`: the newest file (one that does not load is an error here, as without the choice)
+        paths = sorted({checkpoint_file(run_dir, checkpoint) or paths[-1] for checkpoint in checkpoints})
     seed = EVAL_SEED_OFFSET + cfg.seed if seed is None else seed
     target = default_target(cfg) if target is None else target
     envs = make_eval_envs(cfg, episodes, noop_max, seed)
@@ -391,6 +395,9 @@ def add_env_arg_argument(parser: argparse.ArgumentParser) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run", required=True, type=Path, metavar="DIR", help="the run's --out directory")
+    parser.add_argument("--checkpoint", dest="checkpoints", action="append", default=[], metavar="N",
+                        help="evaluate only this checkpoint (repeatable): latest, an env-step count of a file in "
+                             "DIR/checkpoints, or a path to a .pt file (default: every checkpoint)")
     parser.add_argument("--episodes", type=int, default=10, help="evaluation episodes per policy (default: 10)")
     parser.add_argument("--noop-max", type=int, default=NOOP_MAX,
                         help=f"Atari: up to this many no-op actions at the start of each episode (default: {NOOP_MAX})")
@@ -411,7 +418,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     result = evaluate_run(args.run, episodes=args.episodes, noop_max=args.noop_max, window=args.window,
                           time_limit_s=args.time_limit_s, target=args.target, seed=args.seed,
-                          max_episode_steps=args.max_episode_steps, env_args=tuple(args.env_args))
+                          max_episode_steps=args.max_episode_steps, env_args=tuple(args.env_args),
+                          checkpoints=tuple(args.checkpoints))
     print(format_table(result))
     print(f"written: {Path(args.run) / 'eval.json'}")
     return 0

@@ -320,6 +320,30 @@ def checkpoint_name(env_steps: int) -> str:
     return f"ckpt-{env_steps:012d}.pt"
 
 
+def checkpoint_file(run_dir: Path, checkpoint: str | int | None) -> Path | None:
+    """The checkpoint file that ``checkpoint`` names in ``run_dir``: None for the latest (``latest``, None),
+    ``checkpoints/ckpt-<N>.pt`` for an env-step count N, or a path to a ``.pt`` file."""
+    if checkpoint is None or str(checkpoint) == "latest":
+        return None
+    text = str(checkpoint)
+    if text.isdigit():
+        path = run_dir / "checkpoints" / checkpoint_name(int(text))
+        if not path.is_file():
+            steps = sorted(int(p.stem.split("-")[1]) for p in run_dir.glob("checkpoints/ckpt-*.pt")
+                           if p.stem.split("-")[1].isdigit())
+            there = ", ".join(f"{s}" for s in steps) if steps else "none"
+            raise CheckpointError(f"no checkpoint at {int(text)} env steps in {run_dir}/checkpoints (there are: "
+                                  f"{there}): pass --checkpoint one of them, or latest")
+        return path
+    path = Path(text)
+    if not path.is_file() and (run_dir / "checkpoints" / text).is_file():
+        path = run_dir / "checkpoints" / text
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {text!r} not found: pass --checkpoint latest, an env-step count of a "
+                              f"file in {run_dir}/checkpoints, or a path to a .pt file")
+    return path
+
+
 def load_latest_checkpoint(run_dir: Path | str, device: torch.device | str = "cpu") -> tuple[Path, dict[str, Any]]:
     """The newest checkpoint of ``run_dir`` that loads, and its state. Each newer one that does not (truncated,
     tampered with, a directory in its place) is skipped with one line on stderr naming it and why; temp files

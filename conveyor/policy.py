@@ -46,7 +46,7 @@ from torch import Tensor, nn
 from conveyor.config import ConfigError, EnvCfg, RunCfg
 from conveyor.envs import env_spaces, make_env
 from conveyor.evaluate import EVAL_EPSILON, load_run_config, model_for_checkpoint
-from conveyor.learner import CheckpointError, checkpoint_name, load_checkpoint, load_latest_checkpoint
+from conveyor.learner import CheckpointError, checkpoint_file, load_checkpoint, load_latest_checkpoint
 from conveyor.models import ModelOut
 from conveyor.transfer import to_device, usable_device
 
@@ -239,30 +239,6 @@ class Policy:
         kind += "Q network" if self.q_head else "actor-critic"
         return (f"{self.cfg.arch.name}/{self.cfg.algo.name} on {self.cfg.env.id}, {kind}, checkpoint "
                 f"{self.checkpoint.name} ({self.env_steps:,} env steps)")
-
-
-def checkpoint_file(run_dir: Path, checkpoint: str | int | None) -> Path | None:
-    """The checkpoint file that ``checkpoint`` names in ``run_dir``: None for the latest (``latest``, None),
-    ``checkpoints/ckpt-<N>.pt`` for an env-step count N, or a path to a ``.pt`` file."""
-    if checkpoint is None or str(checkpoint) == "latest":
-        return None
-    text = str(checkpoint)
-    if text.isdigit():
-        path = run_dir / "checkpoints" / checkpoint_name(int(text))
-        if not path.is_file():
-            steps = sorted(int(p.stem.split("-")[1]) for p in run_dir.glob("checkpoints/ckpt-*.pt")
-                           if p.stem.split("-")[1].isdigit())
-            there = ", ".join(f"{s}" for s in steps) if steps else "none"
-            raise CheckpointError(f"no checkpoint at {int(text)} env steps in {run_dir}/checkpoints (there are: "
-                                  f"{there}): pass --checkpoint one of them, or latest")
-        return path
-    path = Path(text)
-    if not path.is_file() and (run_dir / "checkpoints" / text).is_file():
-        path = run_dir / "checkpoints" / text
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint {text!r} not found: pass --checkpoint latest, an env-step count of a "
-                              f"file in {run_dir}/checkpoints, or a path to a .pt file")
-    return path
 
 
 def load_policy(run_dir: Path | str, checkpoint: str | int | None = "latest", device: str | torch.device = "cpu",

@@ -149,6 +149,20 @@ def test_eval_env_arg_reaches_the_env_and_is_recorded(tmp_path, capsys):
     assert "unknown StepTime dist 'bogus'" in err and len(err.splitlines()) == 1
 
 
+def test_eval_checkpoint_picks_the_policies_it_plays(tmp_path, capsys):
+    write_synthetic_run(tmp_path)  # 12 checkpoints at 100 .. 1200 env steps, right from k = 6 (700 steps)
+    result = evaluate_run(tmp_path, episodes=2, checkpoints=("latest", 300, "latest"))
+    assert [(p["env_steps"], p["mean"]) for p in result["policies"]] == [(300, 0.0), (1200, 100.0)]
+    assert result["final_metric"] == pytest.approx(50.0)
+    other_file = tmp_path / "checkpoints" / "ckpt-000000000700.pt"
+    assert main(["eval", "--run", str(tmp_path), "--episodes", "1", "--checkpoint", str(other_file)]) == 0
+    assert [p["env_steps"] for p in json.loads((tmp_path / "eval.json").read_text())["policies"]] == [700]
+    capsys.readouterr()
+    assert main(["eval", "--run", str(tmp_path), "--checkpoint", "250"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no checkpoint at 250 env steps" in err and "100, 200, 300" in err and len(err.splitlines()) == 1
+
+
 def test_q_head_and_recurrent_core_are_read_off_the_checkpoint():
     env = make_env(EnvCfg(id="CartPole-v1"), 0)
     saved = make_model(RunCfg(arch=ArchCfg(name="seed"), algo=AlgoCfg(name="r2d2"),
