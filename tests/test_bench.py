@@ -228,8 +228,8 @@ def test_learning_suite_is_issue_15s_matrix_with_only_the_allowed_flags():
         assert run.cfg.time_limit_s > 0
         # Pong's final policies also play as the published scores were: no sticky actions, 30 episodes.
         pong = run.cfg.env.id == "ALE/Pong-v5"
-        assert (run.eval_episodes, run.eval_env_args) == (
-            (30, (("repeat_action_probability", 0.0),)) if pong else (0, ()))
+        assert (run.eval_episodes, run.eval_env_args, run.eval_checkpoints) == (
+            (30, (("repeat_action_probability", 0.0),), ("latest",)) if pong else (0, (), ()))
     impala = next(run for run in suite.runs if run.algo_label == "impala")
     assert "--algo" not in impala.flags and impala.cfg.algo.name == "vtrace"  # the preset picks the algorithm
     minatar_missing = importlib.util.find_spec("minatar") is None
@@ -355,13 +355,17 @@ def test_learning_env_with_an_eval_protocol_evaluates_the_final_policy_in_it(tmp
                       eval_env_args=protocol)
     flags = ("--arch", "paac", "--algo", "a2c", "--env", "CartPole-v1", "--seed", "1", "--total-steps", "1000")
     cfg = dataclasses.replace(train_config(flags), time_limit_s=60.0, progress=False, torch_threads=1)
-    run = BenchRun("paac-a2c-CartPole-v1-s1", cfg, eval_episodes=3, eval_env_args=protocol, flags=flags)
+    # Checkpoints every 400 steps: the evaluation plays only the final one, as the learning suite asks.
+    cfg = dataclasses.replace(cfg, checkpoint_every=400)
+    run = BenchRun("paac-a2c-CartPole-v1-s1", cfg, eval_episodes=3, eval_env_args=protocol,
+                   eval_checkpoints=("latest",), flags=flags)
     out = tmp_path / "out"
     rows = run_suite(Suite("learning", "protocol", (run,), (env,)), out, log=lambda line: None)
     assert rows[0]["status"] == "ok", rows[0]["error"]
     result = json.loads((out / "runs" / run.name / "eval.json").read_text())
     assert result["env_args"] == {"sutton_barto_reward": True} and result["noop_max"] == 30
-    [policy] = result["policies"]  # the run's final checkpoint, its only one
+    assert len(list((out / "runs" / run.name / "checkpoints").glob("ckpt-*.pt"))) >= 3
+    [policy] = result["policies"]  # the run's final checkpoint alone
     assert policy["env_steps"] >= 1000 and len(policy["returns"]) == 3
     assert all(r in (-1.0, 0.0) for r in policy["returns"])
     [learning] = list(csv.DictReader(open(out / "learning.csv")))
@@ -370,8 +374,8 @@ def test_learning_env_with_an_eval_protocol_evaluates_the_final_policy_in_it(tmp
     table = (out / "results.md").read_text()
     assert "Evaluated: final policy, 3 episodes, sutton_barto_reward=True; mean ± std over seeds" in table
     assert "| wall time to threshold | evaluated | published |" in table
-    with pytest.raises(ConfigError, match="eval_env_args need conveyor's evaluation"):
-        BenchRun("sb3", cfg, framework="sb3", eval_env_args=protocol)
+    with pytest.raises(ConfigError, match="eval_checkpoints need conveyor's evaluation"):
+        BenchRun("sb3", cfg, framework="sb3", eval_checkpoints=("latest",))
 
 
 def test_learning_flags_are_checked(capsys):

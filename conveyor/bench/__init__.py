@@ -130,7 +130,8 @@ def main(args: argparse.Namespace) -> int:
         for run in suite.runs:
             command = f" (conveyor train {' '.join(run.flags)})" if run.flags else ""
             skipped = f"; skipped: {run.skip_reason}" if run.skip_reason else ""
-            protocol = "".join(f" --env-arg {key}={value}" for key, value in run.eval_env_args)
+            protocol = "".join([*(f" --checkpoint {checkpoint}" for checkpoint in run.eval_checkpoints),
+                                *(f" --env-arg {key}={value}" for key, value in run.eval_env_args)])
             print(f"{run.name}: {run.label}, {run.cfg.total_steps:,} env steps, {run.cfg.time_limit_s:.0f} s cap, "
                   f"{run.eval_episodes} evaluation episodes per policy{protocol}{command}{skipped}")
         return 0

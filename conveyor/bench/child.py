@@ -53,7 +53,8 @@ def execute(run: BenchRun, run_dir: Path) -> dict[str, Any]:
     run_dir.mkdir(parents=True)
     cfg = dataclasses.replace(run.cfg, out=str(run_dir))
     spec = {"name": run.name, "framework": run.framework, "eval_episodes": run.eval_episodes,
-            "eval_env_args": [list(pair) for pair in run.eval_env_args], "config": cfg.to_dict()}
+            "eval_env_args": [list(pair) for pair in run.eval_env_args], "eval_checkpoints": list(run.eval_checkpoints),
+            "config": cfg.to_dict()}
     (run_dir / SPEC_FILE).write_text(json.dumps(spec, indent=2, default=str))
     started = time.perf_counter()
     timed_out = False
@@ -149,7 +150,7 @@ def child_main(spec_path: Path) -> int:
             train(cfg)
             if episodes:
                 env_args = tuple((key, value) for key, value in spec["eval_env_args"])
-                evaluate_run(run_dir, episodes=episodes, env_args=env_args)
+                evaluate_run(run_dir, episodes=episodes, env_args=env_args, checkpoints=spec["eval_checkpoints"])
         elif framework == "sb3":
             run_sb3(cfg, run_dir, episodes)
         else:

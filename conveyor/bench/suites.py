@@ -44,6 +44,8 @@ class BenchRun:
     """Evaluation episodes per policy; 0 skips evaluation (e.g. the step-time env, where only speed matters)."""
     eval_env_args: tuple[tuple[str, Any], ...] = ()
     """Env constructor arguments the evaluation replaces (``conveyor eval --env-arg``): another protocol."""
+    eval_checkpoints: tuple[str, ...] = ()
+    """The checkpoints evaluated (``conveyor eval --checkpoint``); empty: every one the run kept."""
     algo_label: str = ""
     """The algorithm's name in tables when it is not ``cfg.algo.name`` (a peer's own name for it, a preset)."""
     flags: tuple[str, ...] = ()
@@ -54,9 +56,9 @@ class BenchRun:
     def __post_init__(self) -> None:
         if self.framework not in FRAMEWORKS:
             raise ConfigError(f"unknown framework {self.framework!r}: choose one of {', '.join(FRAMEWORKS)}")
-        if self.eval_env_args and self.framework != "conveyor":
-            raise ConfigError(f"bench run {self.name}: eval_env_args need conveyor's evaluation (the peers' "
-                              "evaluate in their training env)")
+        if (self.eval_env_args or self.eval_checkpoints) and self.framework != "conveyor":
+            raise ConfigError(f"bench run {self.name}: eval_env_args and eval_checkpoints need conveyor's "
+                              "evaluation (the peers evaluate every snapshot in their training env)")
         if not self.cfg.time_limit_s:
             raise ConfigError(f"bench run {self.name} needs a wall-time cap: set time_limit_s")
 
@@ -317,6 +319,7 @@ def learning_suite(seeds: Sequence[int] | None = None, *, quick: bool = False, b
                 cfg = dataclasses.replace(train_config(flags), time_limit_s=env.time_limit_s, progress=False)
                 runs.append(BenchRun(run_name("conveyor", arch, preset or algo, env.id, seed), cfg,
                                      eval_episodes=env.eval_episodes, eval_env_args=env.eval_env_args,
+                                     eval_checkpoints=("latest",) if env.eval_episodes else (),
                                      algo_label=preset, flags=flags, skip_reason=skip_reason))
     scope = "CartPole-v1" if quick else "CartPole-v1, Pendulum-v1, HalfCheetah-v5, MinAtar Breakout and " \
                                         "SpaceInvaders, Pong"
