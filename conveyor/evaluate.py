@@ -231,11 +231,14 @@ def evaluate_agents(policies: Sequence[tuple[PolicyEval, Agent]], envs: Sequence
 
 
 # ---- a run directory ---------------------------------------------------------------------------
-def load_run_config(run_dir: Path) -> RunCfg:
+def load_run_config(run_dir: Path, env_args: tuple[tuple[str, Any], ...] = ()) -> RunCfg:
+    """The run's ``config.json``, with ``env_args`` (``(key, value)`` pairs) in place of the same keys of its env
+    constructor arguments."""
     config_file = Path(run_dir) / "config.json"
     if not config_file.is_file():
         raise ConfigError(f"no config.json in {run_dir}: pass the --out DIR of a conveyor run")
-    return RunCfg.from_dict(read_config_file(config_file))
+    cfg = RunCfg.from_dict(read_config_file(config_file))
+    return dataclasses.replace(cfg, env=cfg.env.with_env_args(env_args)) if env_args else cfg
 
 
 def model_for_checkpoint(cfg: RunCfg, observation_space: Any, action_space: Any,
@@ -283,8 +286,7 @@ def evaluate_run(run_dir: Path | str, *, episodes: int = 10, noop_max: int = NOO
     if episodes <= 0 or window <= 0 or noop_max < 0:
         raise ConfigError(f"--episodes ({episodes}) and --window ({window}) must be positive and --noop-max "
                           f"({noop_max}) >= 0")
-    cfg = load_run_config(run_dir)
-    cfg = dataclasses.replace(cfg, env=cfg.env.with_env_args(env_args))
+    cfg = load_run_config(run_dir, env_args)
     paths = sorted(run_dir.glob("checkpoints/ckpt-*.pt"))
     if not paths:
         raise CheckpointError(f"no checkpoints in {run_dir}/checkpoints: train with --checkpoint-every N "

@@ -252,8 +252,7 @@ def load_policy(run_dir: Path | str, checkpoint: str | int | None = "latest", de
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ConfigError(f"run directory {run_dir} does not exist: pass the --out DIR of a conveyor run")
-    cfg = load_run_config(run_dir)
-    cfg = dataclasses.replace(cfg, env=cfg.env.with_env_args(env_args))
+    cfg = load_run_config(run_dir, env_args)
     device = usable_device(device)
     path = checkpoint_file(run_dir, checkpoint)
     if path is None:
