@@ -30,7 +30,7 @@ from conveyor.storage.schema import FieldSpec
 from conveyor.storage.unrolls import UnrollQueue
 from conveyor.architectures.seed.batcher import EnvSteps
 from conveyor.architectures.seed.inference import CentralInference, unroll_schema
-from conveyor.architectures.seed.run import ActorCriticPolicy
+from conveyor.architectures.seed.inference import ActorCriticPolicy
 
 torch.set_num_threads(1)
 MEMORY_STEPS = 6000

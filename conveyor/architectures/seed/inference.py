@@ -48,7 +48,7 @@ episodes stay counted as cut.
 Extension points (R2D2 plugs in here):
 
 - the ``Policy``: what acts. V-trace samples from the actor-critic and keeps
-  behaviour log-probs (``architectures.seed.run.ActorCriticPolicy``). R2D2
+  behaviour log-probs (``ActorCriticPolicy``). R2D2
   takes epsilon-greedy actions with ``eps_i = 0.4 ** (1 + 7 i / (N - 1))``
   for env slot ``i`` (``ActInput.slots``) and gives ``bootstrap_values`` from
   its Q-values. A policy whose model has an LSTM core (R2D2's always, V-trace's
@@ -74,7 +74,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from conveyor.acting import CoreInputs, step_targets
+from conveyor.acting import CoreInputs, GsdeNoise, policy_step, step_targets, values_of
 from conveyor.learner import Learner
 from conveyor.storage.schema import FieldSpec, RolloutSchema, action_field, state_fields
 from conveyor.storage.unrolls import PartialUnrolls, UnrollSink
@@ -148,6 +148,33 @@ class LearnerPolicy:
             return None
         return CoreInputs(inputs.state, inputs.first if reset else None,  # type: ignore[arg-type]
                           inputs.prev_action, inputs.prev_reward)
+
+
+class ActorCriticPolicy(LearnerPolicy):
+    """V-trace acting on the learner: sample from the learner's own model, keep behaviour log-probs; a model
+    with an LSTM core acts from each env slot's state (``CentralInference`` keeps it and stores it at each
+    unroll's start)."""
+
+    step_fields = ("behaviour_logp",)
+
+    def __init__(self, learner: Learner, lock: Any, seed: int, gsde: GsdeNoise | None = None) -> None:
+        """``gsde``: a gSDE model's noise, one matrix per env slot."""
+        super().__init__(learner, lock)
+        self.generator = torch.Generator(device=learner.device).manual_seed(seed)
+        self.gsde = gsde
+
+    def act(self, inputs: ActInput) -> ActOutput:
+        obs = inputs.obs.to(self.learner.device)
+        with self.lock:
+            version = self.learner.version
+            action = policy_step(self.learner.model, obs, self.generator, core=self.core(inputs), gsde=self.gsde,
+                                 envs=inputs.slots)
+        return ActOutput(action.actions, version, {"behaviour_logp": action.logp},
+                         tuple(s.cpu() for s in action.state))
+
+    def bootstrap_values(self, inputs: ActInput) -> torch.Tensor:
+        with self.lock:
+            return values_of(self.learner.model, inputs.obs.to(self.learner.device), self.core(inputs, False))
 
 
 UNROLL_FIELDS = ("obs", "first", "actions", "rewards", "discounts", "policy_version")

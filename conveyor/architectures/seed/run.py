@@ -56,50 +56,21 @@ from typing import Any
 import torch
 
 from conveyor import algos
-from conveyor.acting import GsdeNoise, policy_step, values_of
+from conveyor.acting import GsdeNoise
 from conveyor.architectures.seed.actor import LocalActors
 from conveyor.architectures.seed.ray_actors import RayActors
 from conveyor.ray_launcher import RayLauncher, check_available
 from conveyor.config import ConfigError, RunCfg
 from conveyor.envs import env_spaces
-from conveyor.learner import Learner
 from conveyor.models import make_model
 from conveyor.architectures.seed.r2d2 import ReplayLearning
 from conveyor.run import Run
 from conveyor.storage.schema import observation_field
 from conveyor.storage.unrolls import Prefetcher, UnrollQueue
 from conveyor.architectures.seed.batcher import Batcher, InferenceStats
-from conveyor.architectures.seed.inference import (ActInput, ActOutput, CentralInference, LearnerPolicy,
-                                                    unroll_schema)
+from conveyor.architectures.seed.inference import ActorCriticPolicy, CentralInference, unroll_schema
 from conveyor.architectures.seed.server import (MAX_PEER_ENV_SLOTS, MAX_PEER_STREAMS, SeedServer, learner_token,
                                                  unix_socket_path)
-
-
-class ActorCriticPolicy(LearnerPolicy):
-    """V-trace acting on the learner: sample from the learner's own model, keep behaviour log-probs; a model
-    with an LSTM core acts from each env slot's state (``CentralInference`` keeps it and stores it at each
-    unroll's start)."""
-
-    step_fields = ("behaviour_logp",)
-
-    def __init__(self, learner: Learner, lock: threading.Lock, seed: int, gsde: GsdeNoise | None = None) -> None:
-        """``gsde``: a gSDE model's noise, one matrix per env slot."""
-        super().__init__(learner, lock)
-        self.generator = torch.Generator(device=learner.device).manual_seed(seed)
-        self.gsde = gsde
-
-    def act(self, inputs: ActInput) -> ActOutput:
-        obs = inputs.obs.to(self.learner.device)
-        with self.lock:
-            version = self.learner.version
-            action = policy_step(self.learner.model, obs, self.generator, core=self.core(inputs), gsde=self.gsde,
-                                 envs=inputs.slots)
-        return ActOutput(action.actions, version, {"behaviour_logp": action.logp},
-                         tuple(s.cpu() for s in action.state))
-
-    def bootstrap_values(self, inputs: ActInput) -> torch.Tensor:
-        with self.lock:
-            return values_of(self.learner.model, inputs.obs.to(self.learner.device), self.core(inputs, False))
 
 
 def check_config(cfg: RunCfg) -> None:
