@@ -53,8 +53,6 @@ import sys
 import threading
 from typing import Any
 
-import torch
-
 from conveyor import algos
 from conveyor.acting import GsdeNoise
 from conveyor.architectures.seed.actor import LocalActors
