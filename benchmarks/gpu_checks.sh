@@ -13,12 +13,12 @@
 #                prints what config.json recorded) for $PONG_SECONDS (default 300), or until the mean of its
 #                last 100 returns reaches $PONG_TARGET (when set), all Pong runs together in at most $PONG_BUDGET_S
 #                (when set: a run that reaches the target early leaves its time to the next); metrics land in
-#                benchmarks/results/pong-gpu-ARCH-ALGO/. A lease is too short for Pong to reach +18, so each run
-#                goes on across leases: its directory (config, metrics, returns, the last checkpoint) comes back
-#                as $1/pong-ARCH-ALGO.tgz.* (parts of 15 MB, what a lease returns per file); commit those parts
-#                to benchmarks/pong-runs/ (a new checkout keeps nothing ignored, and leases come to few sessions)
-#                and the next lease resumes the run from there, with this machine's device and env workers (a
-#                run may begin on the CPU: `conveyor train --out DIR`, then the same parts from DIR).
+#                benchmarks/results/pong-gpu-ARCH-ALGO/. Run archives and checkpoints are not kept in the
+#                repository (issue 49: a lean tree), so each lease starts each run from scratch with those same
+#                flags (its results folder's config.json is what they resolved to) and records where it stopped
+#                (env steps, mean of the last 100 returns, why) in the log and in $1/pong_runs.tsv. Where the
+#                results folder already holds a longer run, this run's files go beside it, to
+#                benchmarks/results/pong-gpu-ARCH-ALGO-lease-YYYYMMDD/, instead of replacing it.
 # Each step has its own time limit and a failure does not stop the next. Results land where the CPU runs'
 # do (benchmarks/results/, the marked sections of BENCHMARKS.md); the log and a tarball of both go to $1,
 # the tarball after every step. GPU_CHECKS="cuda-tests profile" runs only the steps named (default: all).
@@ -69,14 +69,7 @@ for run in seed/vtrace impact/impact paac/a2c; do  # the three archs that issue 
     name="pong-${run/\//-}" results="benchmarks/results/pong-gpu-${run/\//-}"
     [[ "$only" == "  " || "$only" == *" $name "* ]] || continue
     start=(--arch "${run%/*}" --algo "${run#*/}" --env ALE/Pong-v5 --seed 1 --out "/tmp/$name")
-    if compgen -G "benchmarks/pong-runs/$name.tgz.*" > /dev/null; then  # an earlier lease's run: go on with it
-        mkdir -p "/tmp/$name" && cat benchmarks/pong-runs/"$name".tgz.* | tar xzf - -C "/tmp/$name"
-        # the run may have begun on another machine (the 2-core CPU): take this one's hardware presets
-        hardware=$("$py" -c "import conveyor, sys; c = conveyor.RunCfg(arch=conveyor.ArchCfg(name=sys.argv[1]),
-            algo=conveyor.AlgoCfg(name=sys.argv[2]), env=conveyor.EnvCfg(id='ALE/Pong-v5'), seed=1)
-print('--device', c.device, '--num-workers', c.env.num_workers)" "${run%/*}" "${run#*/}")
-        start=(--resume "/tmp/$name" $hardware)
-    fi
+    rm -rf "/tmp/$name"  # from scratch: no run is carried from one lease (or one call) to the next
     seconds=${PONG_SECONDS:-300}
     if [[ -n "${PONG_BUDGET_S:-}" ]]; then
         left=$((PONG_BUDGET_S - (SECONDS - pong_start)))
@@ -86,13 +79,35 @@ print('--device', c.device, '--num-workers', c.env.num_workers)" "${run%/*}" "${
     [[ -n "${PONG_TARGET:-}" ]] && start+=(--target-return "$PONG_TARGET")
     step $((seconds + 60)) "$name" "$py" -m conveyor train "${start[@]}" --time-limit-s "$seconds" --no-progress
     if [[ -f "/tmp/$name/metrics.csv" ]]; then
-        latest=$(ls "/tmp/$name/checkpoints" | tail -1)
-        tar czf - -C "/tmp/$name" config.json metrics.csv returns.csv summary.json "checkpoints/$latest" \
-            | split -b 15M - "$out/$name.tgz."
         "$py" -c "import json, sys; c = json.load(open(sys.argv[1])); print('resolved: device', c['device'],
             'num_envs', c['env']['num_envs'], 'num_workers', c['env']['num_workers'])" "/tmp/$name/config.json" \
             | tee -a "$log"
-        mkdir -p "$results" && cp "/tmp/$name"/{metrics.csv,returns.csv,summary.json,config.json} "$results"/
+        # where it stopped: summary.json, or the last metrics row of a run cut off before writing one
+        read -r steps ret why < <("$py" -c "import csv, json, os, sys
+d = sys.argv[1]
+if os.path.isfile(d + '/summary.json'):
+    s = json.load(open(d + '/summary.json'))
+    steps, ret, why = s['env_steps'], s['return_mean_last100'], s['stop_reason']
+else:
+    rows = list(csv.DictReader(open(d + '/metrics.csv')))
+    last = rows[-1] if rows else {}
+    steps, ret, why = int(float(last.get('env_steps', 0))), last.get('return_mean_last100'), 'cut-off'
+ret = 'nan' if ret in (None, '') else format(float(ret), '.2f')
+print(steps, ret, str(why).replace(' ', '_') or '?')" "/tmp/$name")
+        echo "=== $name: stopped at ${steps:-?} env steps, last-100 return ${ret:-?} (${why:-?})" | tee -a "$log"
+        [[ -f "$out/pong_runs.tsv" ]] || printf 'utc\trun\tenv_steps\treturn_mean_last100\tstop_reason\n' \
+            > "$out/pong_runs.tsv"
+        printf '%s\t%s\t%s\t%s\t%s\n' "$(date -u +%FT%TZ)" "$name" "${steps:-?}" "${ret:-?}" "${why:-?}" \
+            >> "$out/pong_runs.tsv"
+        kept=$("$py" -c "import json, sys; print(int(json.load(open(sys.argv[1]))['env_steps']))" \
+            "$results/summary.json" 2>/dev/null || echo 0)
+        if [[ "$steps" =~ ^[0-9]+$ ]] && ((kept > steps)); then  # never replace a longer committed run
+            results="$results-lease-$(date -u +%Y%m%d)"
+            echo "=== $name: results in $results (the committed run reached $kept steps)" | tee -a "$log"
+        fi
+        mkdir -p "$results" && for f in metrics.csv returns.csv summary.json config.json; do
+            [[ -f "/tmp/$name/$f" ]] && cp "/tmp/$name/$f" "$results"/
+        done
         tar czf "$out/results.tgz" --exclude=runs BENCHMARKS.md benchmarks/results
     fi
 done
