@@ -3,13 +3,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv train test test-slow test-learning bench bench-deps clean
+.PHONY: venv train test test-slow test-learning bench bench-deps peers clean docs
 
 # Build .venv from scratch with exact pins; re-runs only when the pins or the package metadata change.
 venv: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,envpool,ray]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,envpool,ray,docs]'
 	touch $(STAMP)
 
 # The default job: PAAC A2C solves CartPole-v1 (mean return of the last 100 episodes >= 475).
@@ -32,12 +32,24 @@ test-slow: venv
 # `conveyor bench --suite learning`.
 test-learning: test-slow
 
-# Peers (stable-baselines3) are an optional group, kept out of the core install.
+# Peers (stable-baselines3) are an optional group, kept out of the core install. rl_zoo3 (the race's SB3 settings,
+# read from its hyperparams/*.yml) goes in without its dependencies: they cannot resolve against the pins
+# (pytablewriter's typepy[datetime] wants python-dateutil<3), and the race imports none of them.
 bench-deps: venv
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[bench]'
+	$(BIN)/pip install --quiet --no-deps -c constraints.txt rl_zoo3
+
+# The race's Sample Factory in a venv of its own (.peers/sample-factory: gymnasium 0.29, numpy 1.26, this torch).
+peers: bench-deps
+	$(BIN)/python -m conveyor.bench.external build
 
 bench: bench-deps
 	$(BIN)/conveyor bench --suite quick --out bench-results/quick
 
+# The docs site (mkdocs.yml, docs/) into site/; --strict: a broken link or anchor, or a docstring mkdocstrings
+# cannot read, fails the build. NO_MKDOCS_2_WARNING silences Material's banner about its end of life (2027-05-05).
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) runs bench-results
+	rm -rf $(VENV) runs bench-results site .peers

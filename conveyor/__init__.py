@@ -16,7 +16,8 @@ os.environ.setdefault("GOMP_SPINCOUNT", "30000")
 
 from typing import TYPE_CHECKING  # noqa: E402
 
-from conveyor.config import AlgoCfg, ArchCfg, ConfigError, EnvCfg, ModelCfg, RunCfg  # noqa: E402
+from conveyor.config import AlgoCfg, ArchCfg, EnvCfg, ModelCfg, RunCfg  # noqa: E402
+from conveyor.errors import ConfigError  # noqa: E402
 
 if TYPE_CHECKING:
     from conveyor.policy import Policy

@@ -1,7 +1,7 @@
 """``conveyor train|presets|actor|eval|enjoy|export|bench|plot``.
 
 ``train`` flags are generated from the config dataclasses, one per field,
-with the field's docstring as help; so the README's configuration table,
+with the field's docstring as help; so the docs' configuration table,
 ``--help`` and the config never disagree. Expected mistakes (bad values,
 unknown ids, unwritable dirs, corrupt checkpoints) print one line and exit
 with code 2; a run that fails (a dead worker, non-finite updates, a full
@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from conveyor import presets
-from conveyor.config import (AlgoCfg, ArchCfg, ConfigError, EnvCfg, ModelCfg, RunCfg, field_docs,
-                             parse_env_arg, read_config_file)
-from conveyor.errors import RunFailure, StoppedWhileStarting, WorkerFailure
+from conveyor.config import (AlgoCfg, ArchCfg, EnvCfg, ModelCfg, RunCfg, field_docs, parse_env_arg,
+                             read_config_file)
+from conveyor.errors import ConfigError, RunFailure, StoppedWhileStarting, WorkerFailure
 
 USAGE_ERROR = 2
 RUN_FAILED = 1
@@ -84,7 +84,7 @@ def _is_preset(section: str | None, fld: dataclasses.Field) -> bool:
 
 
 def _default_text(section: str | None, fld: dataclasses.Field) -> str:
-    """A field's default as the help and the README show it: ``preset`` for fields the presets fill."""
+    """A field's default as the help and the docs show it: ``preset`` for fields the presets fill."""
     if _is_preset(section, fld):
         return "preset"
     return repr(fld.default if fld.default is not dataclasses.MISSING else None)
@@ -121,7 +121,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_reference() -> str:
-    """The README's configuration table: one row per flag (tests keep the README equal to it)."""
+    """docs/configuration.md's table: one row per flag (tests keep that page equal to it)."""
     rows = ["| flag | field | default | meaning |", "|---|---|---|---|"]
     for section, cls in [(None, RunCfg), *SECTIONS.items()]:
         docs = field_docs(cls)

@@ -41,7 +41,10 @@ ARCHS = ("paac", "ga3c", "seed", "impact", "hts")
 ALGOS = ("a2c", "ppo", "vtrace", "impact", "r2d2", "ga3c")
 MODELS = ("auto", "mlp", "nips_cnn", "nature_cnn", "impala_resnet", "minatar_cnn")
 WEIGHT_INITS = ("orthogonal", "torch")
-ENV_BACKENDS = ("shm", "envpool")
+ENV_BACKENDS = ("auto", "shm", "inproc", "envpool")
+ENV_BACKEND_CHOICE = "env_backend_choice"
+"""config.json's record of what ``--env-backend auto`` chose at the run's start (backend, measured step time in
+microseconds, reason); not a field."""
 LAUNCHERS = ("process", "ray")
 RAY_STRATEGIES = ("pack", "spread", "strict_spread")
 OPTIMIZERS = ("rmsprop", "adam")
@@ -160,8 +163,11 @@ class EnvCfg:
     num_workers: int | None = None
     """n_w: worker processes that step the envs; each owns num_envs / num_workers of them. Preset: up to 2; on
     Atari up to the CPUs this process may use (shared among SEED's local actors); a divisor of num_envs."""
-    backend: str = "shm"
-    """Vectorized stepping backend: ``shm`` (our shared-memory workers) or ``envpool`` (C++ threads)."""
+    backend: str = "auto"
+    """Vectorized stepping backend: ``shm`` (worker processes over shared memory), ``inproc`` (the envs one after
+    another in the process that acts: no round trip, for envs that step in microseconds), ``envpool`` (C++
+    threads), or ``auto``: ``inproc`` or ``shm`` from the env's step time measured at the start of the run (the
+    choice is printed and recorded in config.json; ``--env-groups`` > 1 needs ``shm``)."""
     env_args: tuple[tuple[str, Any], ...] = ()
     """Keyword arguments passed to the env constructor (``--env-arg KEY=VALUE``)."""
     frame_stack: int = 4
@@ -176,7 +182,7 @@ class EnvCfg:
     """Atari: clip training rewards to their sign (reported returns are unclipped)."""
     normalize_reward: bool | None = None
     """Scale training rewards by a running std of each env's discounted return (discount: the run's gamma), clipped
-    to [-10, 10] (gymnasium ``NormalizeReward``); reported returns stay in env units. ``shm`` backend only."""
+    to [-10, 10] (gymnasium ``NormalizeReward``); reported returns stay in env units. Not with ``envpool``."""
     max_env_errors: int = 10
     """An env that raises is reset and logged up to this many times per run, then the run stops."""
     max_restarts: int = 10
@@ -191,9 +197,9 @@ class EnvCfg:
         _positive(self, "num_envs", "num_workers", "frame_stack", "frame_skip", "max_env_errors")
         _non_negative(self, "noop_max", "max_restarts", "env_step_timeout_s")
         _choice("env backend", self.backend, ENV_BACKENDS)
-        if self.normalize_reward and self.backend != "shm":
-            raise ConfigError("normalize_reward runs inside the shm env workers: use --env-backend shm or drop "
-                              "--normalize-reward")
+        if self.normalize_reward and self.backend == "envpool":
+            raise ConfigError("normalize_reward runs in conveyor's own env loop: use --env-backend shm, inproc or "
+                              "auto, or drop --normalize-reward")
         if self.num_envs is not None and self.num_workers is not None and self.num_envs % self.num_workers:
             raise ConfigError(
                 f"num_envs ({self.num_envs}) is not divisible by num_workers ({self.num_workers}): "
@@ -553,7 +559,7 @@ class RunCfg:
         if not (self.device == "cpu" or self.device.startswith("cuda") or self.device == "mps"):
             raise ConfigError(f"unknown device {self.device!r}: use cpu, cuda or cuda:N")
         if self.arch.name == "paac" and self.arch.env_groups > 1:  # other architectures ignore it
-            if self.env.backend != "shm":
+            if self.env.backend not in ("shm", "auto"):
                 raise ConfigError(f"--env-groups {self.arch.env_groups} steps groups of the shm backend's worker "
                                   "processes: pass --env-groups 1 or --env-backend shm")
             if self.env.num_workers % self.arch.env_groups:
@@ -588,14 +594,17 @@ class RunCfg:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True, default=str)
+    def to_json(self, recorded: dict[str, Any] | None = None) -> str:
+        """config.json's text: the fields, and ``recorded``, facts of the run's start kept beside them
+        (``ENV_BACKEND_CHOICE``), which ``from_dict`` passes over."""
+        return json.dumps({**self.to_dict(), **(recorded or {})}, indent=2, sort_keys=True, default=str)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "RunCfg":
         """Rebuild a config written by ``to_dict`` (tuples come back from JSON lists); an unknown field is a
         ConfigError."""
         parts = {"env": EnvCfg, "model": ModelCfg, "algo": AlgoCfg, "arch": ArchCfg}
+        data = {key: value for key, value in data.items() if key != ENV_BACKEND_CHOICE}
         _known(cls, data, "")
         kwargs: dict[str, Any] = {}
         for key, value in data.items():

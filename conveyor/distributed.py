@@ -34,8 +34,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from conveyor.config import ConfigError, EnvCfg, RunCfg
-from conveyor.errors import RunFailure
+from conveyor.config import EnvCfg, RunCfg
+from conveyor.errors import ConfigError, RunFailure
 from conveyor.losses import advantage_moments
 from conveyor.storage.rollout import env_columns, step_samples
 

@@ -30,7 +30,7 @@ from typing import Any, Callable
 import gymnasium as gym
 import numpy as np
 
-from conveyor.config import ConfigError
+from conveyor.errors import ConfigError
 from conveyor.envs import EPISODE_KEY
 from conveyor.evaluate import EVAL_SEED_OFFSET, add_env_arg_argument
 from conveyor.policy import Policy, load_policy

@@ -38,7 +38,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from conveyor.config import ConfigError, RunCfg, parse_env_arg, read_config_file
+from conveyor.config import RunCfg, parse_env_arg, read_config_file
+from conveyor.errors import ConfigError
 from conveyor.envs import EPISODE_KEY, make_env
 
 WINDOW = 10

@@ -40,7 +40,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from conveyor.config import ConfigError
+from conveyor.errors import ConfigError
 from conveyor.policy import Policy, load_policy
 
 FORMATS = ("torchscript", "onnx")

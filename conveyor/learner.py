@@ -39,6 +39,7 @@ from torch import Tensor, nn
 from conveyor.acting import forward_unrolls
 from conveyor.config import RunCfg
 from conveyor.errors import RunFailure
+from conveyor.optim import Adam, Optimizer, RMSprop
 from conveyor.files import atomic_write
 from conveyor.storage.rollout import env_columns, step_samples
 
@@ -53,12 +54,13 @@ class CheckpointError(RuntimeError):
     """A checkpoint that is missing, truncated, tampered with, or from another model."""
 
 
-def make_optimizer(params: Any, cfg: RunCfg) -> torch.optim.Optimizer:
-    """``cfg.algo.optimizer`` over ``params`` with the run's resolved settings (``conveyor/presets.py``)."""
+def make_optimizer(params: Any, cfg: RunCfg) -> Optimizer:
+    """``cfg.algo.optimizer`` over ``params`` with the run's resolved settings (``conveyor/presets.py``); torch's
+    update rules without ``torch.optim`` (``conveyor/optim.py`` says why)."""
     algo = cfg.algo
     if algo.optimizer == "rmsprop":
-        return torch.optim.RMSprop(params, lr=algo.lr, alpha=algo.rmsprop_alpha, eps=algo.rmsprop_eps)
-    return torch.optim.Adam(params, lr=algo.lr, eps=algo.adam_eps)
+        return RMSprop(params, lr=algo.lr, alpha=algo.rmsprop_alpha, eps=algo.rmsprop_eps)
+    return Adam(params, lr=algo.lr, eps=algo.adam_eps)
 
 
 def param_sha256(model: nn.Module) -> str:

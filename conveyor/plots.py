@@ -24,6 +24,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from conveyor.returns_file import read_returns
+
 SMOOTHING_EPISODES = 100
 DPI = 80
 
@@ -50,15 +52,6 @@ def load_run(run_dir: Path | str, label: str | None = None) -> RunData | None:
     summary = json.loads(summary_file.read_text())
     curve = read_returns(run_dir / "returns.csv")
     return RunData(run_dir, label or run_label(summary), str(summary.get("env", "?")), summary, curve)
-
-
-def read_returns(path: Path) -> np.ndarray:
-    """A ``returns.csv`` (``Telemetry.write_summary``) as ``[episodes, 3]``: env_steps, wall_time_s, return;
-    no rows when the file is missing or holds only its header. A malformed file raises ValueError."""
-    rows = path.read_text().splitlines()[1:] if path.is_file() else []
-    if not any(row.strip() for row in rows):
-        return np.zeros((0, 3))
-    return np.loadtxt(rows, delimiter=",", ndmin=2).reshape(-1, 3)
 
 
 def distinct_labels(runs: Sequence[RunData]) -> list[RunData]:
@@ -176,7 +169,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from conveyor.config import ConfigError
+    from conveyor.errors import ConfigError
 
     missing = [str(d) for d in args.runs if not (Path(d) / "summary.json").is_file()]
     if len(missing) == len(args.runs):

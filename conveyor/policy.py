@@ -43,7 +43,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from conveyor.config import ConfigError, EnvCfg, RunCfg
+from conveyor.config import EnvCfg, RunCfg
+from conveyor.errors import ConfigError
 from conveyor.envs import env_spaces, make_env
 from conveyor.evaluate import EVAL_EPSILON, load_run_config, model_for_checkpoint
 from conveyor.learner import CheckpointError, checkpoint_file, load_checkpoint, load_latest_checkpoint

@@ -253,8 +253,8 @@ FAMILY: dict[str, dict[str, Any]] = {
 # Actor-critic on continuous control: running observation and reward normalization, separate policy and value
 # networks (SB3 / rl-zoo `normalize: true` with MlpPolicy; CleanRL ppo_continuous_action.py).
 CONTINUOUS_CONTROL: dict[str, Any] = {
-    "env.normalize_reward": Derived("backend == shm",  # source: CleanRL ppo_continuous_action.py NormalizeReward
-                                    lambda c: c.env.backend == "shm"),
+    "env.normalize_reward": Derived("unless backend == envpool",  # source: CleanRL ppo_continuous_action.py
+                                    lambda c: c.env.backend != "envpool"),  # NormalizeReward
     "model.normalize_obs": True,  # source: CleanRL ppo_continuous_action.py NormalizeObservation; rl-zoo normalize
     "model.separate_value_net": Derived("without an LSTM core",  # source: CleanRL ppo_continuous_action.py:
                                        lambda c: not c.model.lstm_size),  # separate actor and critic MLPs

@@ -17,16 +17,18 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import importlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import types
+import typing
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from conveyor.config import EnvCfg
 from conveyor.errors import WorkerFailure
 from conveyor.storage.shm import ArraySpec
 
@@ -38,6 +40,8 @@ SINGLE_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREAD
 
 _parent_pid: int | None = None
 """In a child, the pid of the parent that started it (``child_prologue``); None elsewhere."""
+_DATACLASS_KEY = "dataclass"
+"""How a dataclass field of a NamedTuple spec travels: ``{"dataclass": "module:QualName", "fields": {...}}``."""
 
 
 # ---- parent side -------------------------------------------------------------------------------
@@ -49,9 +53,7 @@ def start_child(entry: str, spec: Any, pass_fds: Sequence[int]) -> subprocess.Po
     imports take. A child that dies before reading its spec is not an error here: its owner notices the
     death the way it notices any other. The child is killed when the thread that called this exits
     (``die_with_parent``): start children from the thread that owns them for as long as they run."""
-    fields = spec if isinstance(spec, dict) else {
-        name: dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
-        for name, value in spec._asdict().items()}
+    fields = spec if isinstance(spec, dict) else {name: _spec_json(value) for name, value in spec._asdict().items()}
     env = dict(os.environ)
     for name in SINGLE_THREAD_VARS:
         env.setdefault(name, "1")
@@ -63,6 +65,14 @@ def start_child(entry: str, spec: Any, pass_fds: Sequence[int]) -> subprocess.Po
     except BrokenPipeError:
         pass  # it died at start
     return process
+
+
+def _spec_json(value: Any) -> Any:
+    """A NamedTuple spec's field as JSON: a dataclass as its class's name and its fields (``_DATACLASS_KEY``)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        cls = type(value)
+        return {_DATACLASS_KEY: f"{cls.__module__}:{cls.__qualname__}", "fields": dataclasses.asdict(value)}
+    return value
 
 
 def close_children(processes: Sequence[subprocess.Popen], command_fds: Sequence[int], farewell: bytes = b"") -> None:
@@ -136,8 +146,8 @@ def child_prologue(spec_type: type | None = None) -> Any:
     """The start of every child's entry point: ignore Ctrl-C (it reaches the whole process group; the parent
     decides when its children stop), read the spec ``start_child`` wrote, restore the parent's ``sys.path``
     (so env ids like ``pkg.module:Env-v0`` import the same modules), remember the parent (``parent_gone``)
-    and die with it (``die_with_parent``). Returns the spec as a ``spec_type`` NamedTuple (an ``env_cfg``
-    field as an ``EnvCfg``, ``array_specs`` as ``ArraySpec``s, lists as tuples), or the dict as sent when
+    and die with it (``die_with_parent``). Returns the spec as a ``spec_type`` NamedTuple (a dataclass field
+    as that dataclass again, ``array_specs`` as ``ArraySpec``s, lists as tuples), or the dict as sent when
     ``spec_type`` is None."""
     global _parent_pid
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -149,14 +159,42 @@ def child_prologue(spec_type: type | None = None) -> Any:
     if spec_type is None:
         return fields
     for name, value in fields.items():
-        if name == "env_cfg":
-            value["env_args"] = tuple(tuple(pair) for pair in value["env_args"])
-            fields[name] = EnvCfg(**value)
+        if isinstance(value, dict) and _DATACLASS_KEY in value:
+            fields[name] = _dataclass_from_json(value)
         elif name == "array_specs":
             fields[name] = array_specs_from_json(value)
         elif isinstance(value, list):
             fields[name] = tuple(value)
     return spec_type(**fields)
+
+
+def _dataclass_from_json(sent: dict[str, Any]) -> Any:
+    """The dataclass ``_spec_json`` sent: its class (imported by the name the parent wrote) over its fields."""
+    module, _, qualname = sent[_DATACLASS_KEY].partition(":")
+    cls: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        cls = getattr(cls, part)
+    return _from_json(cls, sent["fields"])
+
+
+def _from_json(hint: Any, value: Any) -> Any:
+    """``value`` as JSON gave it, back as the type ``hint`` says: a dataclass from its fields (each by its own
+    hint), a tuple (``tuple[X, ...]``, ``tuple[X, Y]``) from a list; anything else as it is."""
+    if dataclasses.is_dataclass(hint) and isinstance(value, dict):
+        hints = typing.get_type_hints(hint)
+        return hint(**{name: _from_json(hints.get(name, Any), item) for name, item in value.items()})
+    if isinstance(value, list):
+        if typing.get_origin(hint) in (typing.Union, types.UnionType):  # X | None: the tuple arm, if any
+            hint = next((arm for arm in typing.get_args(hint) if arm is tuple or typing.get_origin(arm) is tuple),
+                        Any)
+        if hint is tuple or typing.get_origin(hint) is tuple:
+            args = typing.get_args(hint)
+            if len(args) == 2 and args[1] is Ellipsis:
+                return tuple(_from_json(args[0], item) for item in value)
+            if len(args) == len(value):
+                return tuple(_from_json(arg, item) for arg, item in zip(args, value))
+            return tuple(value)
+    return value
 
 
 def array_specs_from_json(rows: Iterable[Sequence[Any]]) -> tuple[ArraySpec, ...]:

@@ -46,8 +46,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
-from conveyor.config import ConfigError
-from conveyor.errors import WorkerFailure
+from conveyor.errors import ConfigError, WorkerFailure
 from conveyor.files import write_text_atomic
 
 INSTALL_HINT = "pip install 'conveyor[ray]' (make venv installs it)"

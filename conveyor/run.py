@@ -14,6 +14,8 @@ Under torchrun (``WORLD_SIZE`` set) the run is one rank of a data-parallel run
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import math
 import os
 import random
 import signal
@@ -29,8 +31,9 @@ import torch
 from torch import nn
 
 from conveyor import algos, presets
-from conveyor.config import ConfigError, RunCfg
-from conveyor.errors import WorkerFailure
+from conveyor.config import ENV_BACKEND_CHOICE, RunCfg
+from conveyor.envs.inproc import BackendChoice, choose_backend
+from conveyor.errors import ConfigError, WorkerFailure
 from conveyor.files import write_text_atomic
 from conveyor.learner import Learner, LossFn, checkpoint_name, load_latest_checkpoint
 from conveyor.telemetry import Telemetry
@@ -72,6 +75,18 @@ def resolve_target_return(cfg: RunCfg) -> float | None:
     return spec.reward_threshold if spec is not None else None
 
 
+def resolve_env_backend(cfg: RunCfg) -> tuple[RunCfg, BackendChoice | None]:
+    """``cfg`` with ``--env-backend auto`` made ``inproc`` or ``shm`` (``choose_backend``: from the env's step
+    time, measured here once for the whole run), and the choice; a backend given explicitly stays, with None."""
+    if cfg.env.backend != "auto":
+        return cfg, None
+    if cfg.arch.name == "paac" and cfg.arch.env_groups > 1:
+        choice = BackendChoice("shm", math.nan, f"--env-groups {cfg.arch.env_groups} steps groups of worker processes")
+    else:
+        choice = choose_backend(cfg.env, cfg.seed)
+    return dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, backend=choice.backend)), choice
+
+
 def checkpoint_steps(path: Path) -> int:
     """The env steps in a checkpoint's name, ``ckpt-<env steps>.pt``."""
     return int(path.stem.rpartition("-")[2])
@@ -87,8 +102,9 @@ class Run:
 
             self.dist = DataParallel(cfg)
             cfg = self.dist.restarted(cfg)
-        self.cfg = cfg
         self.writes = self.dist is None or self.dist.rank == 0
+        cfg, self.env_backend = resolve_env_backend(cfg)
+        self.cfg = cfg
         """Whether this process writes the run directory (under torchrun, rank 0 alone)."""
         self.env_cfg = cfg.env if self.dist is None else self.dist.env_cfg(cfg.env)
         """The envs this process steps: all of them, or under torchrun its rank's share."""
@@ -238,8 +254,9 @@ class Run:
 
     def _write_config(self) -> None:
         path = self.out / "config.json"
+        recorded = {} if self.env_backend is None else {ENV_BACKEND_CHOICE: self.env_backend._asdict()}
         try:
-            write_text_atomic(path, self.cfg.to_json())
+            write_text_atomic(path, self.cfg.to_json(recorded))
         except OSError as error:
             raise ConfigError(f"cannot write {path} ({error.strerror or error}): pass --out a writable directory "
                               "with free space") from None
@@ -299,6 +316,10 @@ class Run:
         """Record the update; write a periodic checkpoint when one is due (unless the architecture
         checkpoints at another point of its loop: ``checkpoint=False`` and ``checkpoint_if_due``)."""
         self.telemetry.add_update(metrics)
+        if self.env_backend is not None and self.writes and self.telemetry.updates == 1:
+            # after the first update, not at the start: a mistake found while the run sets up stays one line
+            print(f"conveyor: env backend {self.env_backend.backend} (auto: {self.env_backend.reason})",
+                  file=sys.stderr)
         if self.cfg.algo.lr_schedule == "linear":
             learner.set_lr(self.cfg.algo.lr * max(0.0, 1.0 - self.telemetry.env_steps / self.cfg.total_steps))
         self.telemetry.gauge("skipped_updates", learner.skipped_updates)

@@ -35,7 +35,8 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from conveyor.config import ConfigError, RunCfg
+from conveyor.config import RunCfg
+from conveyor.errors import ConfigError
 from conveyor.files import write_text_atomic
 from conveyor.learner import checkpoint_name
 from conveyor.procs import SINGLE_THREAD_VARS

@@ -29,7 +29,8 @@ import numpy as np
 
 from conveyor.architectures.seed import seed_pb2
 from conveyor.architectures.seed.batcher import Batcher, InferenceStats
-from conveyor.architectures.seed.server import PROTOCOL_VERSION, SERVICE, SeedServer, auth_metadata, read_token
+from conveyor.architectures.seed.protocol import PROTOCOL_VERSION, auth_metadata, read_token
+from conveyor.architectures.seed.server import SERVICE, SeedServer
 
 ACT = f"/{SERVICE}/Act"
 MiB = 1 << 20

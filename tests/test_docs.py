@@ -8,6 +8,8 @@ from pathlib import Path
 
 REPO = Path(__file__).parent.parent
 DESIGN = REPO / "docs" / "design.md"
+# The docs site's other pages (README's content, reorganised), which point into the design doc too.
+DOCS_PAGES = sorted(path for path in (REPO / "docs").rglob("*.md") if path != DESIGN)
 # A pointer into the design doc, as code and README write it: docs/design.md "Section name".
 SECTION_REFERENCE = re.compile(r'docs/design\.md,? "([^"]+)"')
 
@@ -46,7 +48,7 @@ def joined_lines(text: str) -> str:
 def pointing_files() -> list[Path]:
     """The files that may point into docs/design.md (this one, which spells out the patterns, aside)."""
     files = [REPO / "README.md", *(REPO / "conveyor").rglob("*.py"), *(REPO / "conveyor").rglob("*.proto"),
-             *(REPO / "benchmarks").rglob("*.py"), *(REPO / "tests").rglob("*.py")]
+             *(REPO / "benchmarks").rglob("*.py"), *(REPO / "tests").rglob("*.py"), *DOCS_PAGES]
     return [path for path in files if path != Path(__file__)]
 
 
@@ -94,6 +96,7 @@ def test_no_pointer_to_the_old_design_file():
 def test_links_to_design_doc_anchors_resolve():
     anchors = {anchor(heading) for heading in design_headings()}
     links = re.findall(r"\(docs/design\.md#([^)]+)\)", (REPO / "README.md").read_text())
+    links += [link for page in DOCS_PAGES for link in re.findall(r"\((?:\.\./)*design\.md#([^)]+)\)", page.read_text())]
     links += re.findall(r"\]\(#([^)]+)\)", DESIGN.read_text())
     assert links
     dangling = sorted(set(links) - anchors)

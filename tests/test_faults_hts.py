@@ -21,7 +21,7 @@ def tagged_cfg(tmp_path, max_restarts: int = 10, **overrides) -> RunCfg:
 
 
 def test_killed_executor_is_restarted_and_no_transition_is_lost_or_duplicated(monkeypatch, tmp_path):
-    summary, recorder = train_killing_one(monkeypatch, tagged_cfg(tmp_path), "conveyor.architectures.hts.state_buffer")
+    summary, recorder = train_killing_one(monkeypatch, tagged_cfg(tmp_path), "conveyor.architectures.hts.executors")
     assert 0 <= summary["dropped_steps"] <= ALPHA * ENVS // 2
     counts = check_transitions(recorder.transitions)
     # Every counted round but the last (saved in the checkpoint for the delayed update) was learned from.
@@ -32,7 +32,7 @@ def test_killed_executor_is_restarted_and_no_transition_is_lost_or_duplicated(mo
 
 def test_killed_executor_past_max_restarts_stops_the_run(monkeypatch, tmp_path):
     recorder = BatchRecorder(monkeypatch)
-    kill_child("conveyor.architectures.hts.state_buffer", lambda: len(recorder.batches) >= 5)
+    kill_child("conveyor.architectures.hts.executors", lambda: len(recorder.batches) >= 5)
     with pytest.raises(WorkerFailure, match=r"executor \d .*SIGKILL.*--max-restarts") as failure:
         conveyor.train(tagged_cfg(tmp_path, max_restarts=0, total_steps=10**9))
     assert "\n" not in str(failure.value)

@@ -26,7 +26,8 @@ import conveyor
 from conveyor.config import AlgoCfg, ArchCfg, EnvCfg, ModelCfg, RunCfg
 from conveyor.errors import WorkerFailure
 from conveyor.models import make_model
-from conveyor.architectures.impact.workers import FATAL, SLOTS_PER_WORKER, Workers, pool_specs
+from conveyor.architectures.impact.collector import FATAL, SLOTS_PER_WORKER, pool_specs
+from conveyor.architectures.impact.workers import Workers
 from conveyor.architectures.impact.params import ParamBlock
 from conveyor.storage.shm import SharedArrays
 from tests.fault_env import TAGGED_ID, BatchRecorder, TaggedEnv, check_transitions, children, gone_within, kill_child
@@ -34,12 +35,14 @@ from tests.fault_env import TAGGED_ID, BatchRecorder, TaggedEnv, check_transitio
 torch.set_num_threads(1)
 
 W, E, S, K = 2, 2, 8, 2
-IMPACT_WORKER = "impact.workers"
+IMPACT_WORKER = "impact.collector"
 """A substring of an IMPACT worker's command line (its env workers run ``conveyor.envs.shm_worker``)."""
 
 
 def tagged_cfg(tmp_path: Path, *, workers: int = W, max_restarts: int = 10, total_steps: int = 1200) -> RunCfg:
-    return RunCfg(env=EnvCfg(id=TAGGED_ID, num_envs=workers * E, num_workers=workers, max_restarts=max_restarts),
+    # backend shm: each IMPACT worker steps its envs in an env worker of its own, which must not outlive it
+    return RunCfg(env=EnvCfg(id=TAGGED_ID, num_envs=workers * E, num_workers=workers, max_restarts=max_restarts,
+                             backend="shm"),
                   model=ModelCfg(hidden=(16,)), algo=AlgoCfg(name="impact"),
                   arch=ArchCfg(name="impact", worker_batch=S, buffer_batches=2, replay_times=K),
                   total_steps=total_steps, target_return=float("inf"), torch_threads=1, progress=False,

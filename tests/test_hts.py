@@ -22,7 +22,7 @@ import torch
 from conveyor import train
 from conveyor.algos import make_loss
 from conveyor.architectures.hts import run as hts
-from conveyor.architectures.hts.actors import delayed_update, lagged_ppo_update
+from conveyor.architectures.hts.delayed import delayed_update, lagged_ppo_update
 from conveyor.config import AlgoCfg, ArchCfg, EnvCfg, ModelCfg, RunCfg
 from conveyor.envs import STEP_TIME_ID
 from conveyor.envs.step_time import EPISODE_STEPS
@@ -31,7 +31,8 @@ from conveyor.models import make_model
 from conveyor.storage.double import DoubleStorage
 from conveyor.storage.rollout import ROLLOUT_FIELDS, RolloutStorage
 from conveyor.storage.schema import FieldSpec, RolloutSchema
-from conveyor.architectures.hts.state_buffer import StateBuffer, uniform_generator
+from conveyor.architectures.hts.executors import uniform_generator
+from conveyor.architectures.hts.state_buffer import StateBuffer
 from tests.fault_env import alive, gone_within
 
 torch.set_num_threads(1)
@@ -307,7 +308,7 @@ def test_executors_exit_when_the_parent_is_killed():
     script = textwrap.dedent("""
         import json, time
         from conveyor.config import EnvCfg
-        from conveyor.architectures.hts.state_buffer import StateBuffer, uniform_generator
+        from conveyor.architectures.hts.state_buffer import StateBuffer
         buffer = StateBuffer(EnvCfg(id="CartPole-v1", num_envs=4, num_workers=2), seed=0, sync_interval=3)
         buffer.start_round()
         print(json.dumps(buffer.executor_pids), flush=True)

@@ -357,7 +357,8 @@ def test_presets_run_one_update_per_batch(tmp_path, preset):
 
 
 def test_dead_worker_stops_the_run_with_its_name_and_leaves_no_process(tmp_path):
-    from conveyor.architectures.impact.workers import Workers, pool_specs
+    from conveyor.architectures.impact.collector import pool_specs
+    from conveyor.architectures.impact.workers import Workers
     from conveyor.storage.shm import SharedArrays
 
     cfg = impact_cfg(tmp_path)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conveyor.algos import make_loss
-from conveyor.architectures.hts.actors import acting_tensors, delayed_update
+from conveyor.architectures.hts.delayed import acting_tensors, delayed_update
 from conveyor.architectures.impact.params import ParamBlock
 from conveyor.config import AlgoCfg, ConfigError, EnvCfg, ModelCfg, RunCfg
 from conveyor.envs import EPISODE_KEY, make_env, make_vector_env
@@ -137,5 +137,5 @@ def test_vector_env_workers_normalize_rewards_with_the_given_discount():
 
 
 def test_reward_normalization_needs_the_shm_workers():
-    with pytest.raises(ConfigError, match="normalize_reward runs inside the shm env workers"):
+    with pytest.raises(ConfigError, match="normalize_reward runs in conveyor's own env loop"):
         EnvCfg(normalize_reward=True, backend="envpool")

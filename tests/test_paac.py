@@ -50,6 +50,29 @@ def test_paac_is_deterministic_for_a_seed(tmp_path):
     assert other["param_sha256"] != runs[0]["param_sha256"]
 
 
+def test_paac_reaches_the_same_parameters_on_either_own_backend(tmp_path):
+    runs = {backend: conveyor.train(paac_cfg(tmp_path, env=EnvCfg(id="CartPole-v1", num_envs=16, num_workers=2,
+                                                                    backend=backend),
+                                             total_steps=4000, seed=3, out=str(tmp_path / backend)))
+            for backend in ("shm", "inproc")}
+    assert runs["shm"]["param_sha256"] == runs["inproc"]["param_sha256"]
+    assert runs["shm"]["episodes"] == runs["inproc"]["episodes"] > 0
+
+
+def test_auto_backend_is_resolved_at_start_and_recorded_in_config_json(tmp_path):
+    conveyor.train(paac_cfg(tmp_path, env=EnvCfg(id="CartPole-v1", num_envs=4, num_workers=1), total_steps=200))
+    recorded = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert recorded["env"]["backend"] == "inproc"  # one worker saves nothing: the envs step in process
+    choice = recorded["env_backend_choice"]
+    assert choice["backend"] == "inproc" and choice["step_us"] > 0 and "us" in choice["reason"]
+    assert conveyor.RunCfg.from_dict(recorded).env.backend == "inproc"  # the record is not a field
+    explicit = paac_cfg(tmp_path, env=EnvCfg(id="CartPole-v1", num_envs=4, num_workers=1, backend="shm"),
+                        total_steps=200, out=str(tmp_path / "shm"))
+    conveyor.train(explicit)
+    recorded = json.loads((tmp_path / "shm" / "config.json").read_text())
+    assert recorded["env"]["backend"] == "shm" and "env_backend_choice" not in recorded
+
+
 def test_paac_ppo_runs_epochs_and_minibatches(tmp_path):
     cfg = paac_cfg(tmp_path, algo=AlgoCfg(name="ppo", ppo_epochs=2, ppo_minibatches=4),
                    arch=ArchCfg(name="paac", unroll=16), total_steps=16 * 16 * 3)

@@ -176,7 +176,7 @@ def test_seed_unrolls_store_the_state_the_actor_used_and_replay_its_log_probs():
 # ---- storage round trip: IMPACT ---------------------------------------------------------------------
 def test_impact_batches_store_the_state_the_worker_used_and_replay_its_log_probs():
     from conveyor.architectures.impact.params import ParamBlock
-    from conveyor.architectures.impact.workers import batch_fields, collect, pool_specs
+    from conveyor.architectures.impact.collector import batch_fields, collect, pool_specs
     from conveyor.storage.shm import SharedArrays
 
     S, E = 5, 3

@@ -32,7 +32,8 @@ from conveyor.storage.unrolls import PartialUnrolls, UnrollQueue
 from conveyor.architectures.seed import seed_pb2, seed_pb2_grpc, wire
 from conveyor.architectures.seed.batcher import Batcher, EnvSteps, InferenceStats
 from conveyor.architectures.seed.inference import ActInput, ActOutput, CentralInference
-from conveyor.architectures.seed.server import PROTOCOL_VERSION, SeedServer, auth_metadata
+from conveyor.architectures.seed.protocol import PROTOCOL_VERSION, auth_metadata
+from conveyor.architectures.seed.server import SeedServer
 
 REPO = Path(__file__).resolve().parent.parent
 TOKEN = "test-token-1234"

@@ -22,8 +22,8 @@ import pytest
 
 from conveyor.architectures.seed import seed_pb2, wire
 from conveyor.architectures.seed.actor import _drain
-from conveyor.architectures.seed.server import (MAX_NAME_BYTES, MAX_PEER_ENV_SLOTS, MAX_PEER_STREAMS,
-                                                PROTOCOL_VERSION, auth_metadata, read_token)
+from conveyor.architectures.seed.protocol import PROTOCOL_VERSION, auth_metadata, read_token
+from conveyor.architectures.seed.server import MAX_NAME_BYTES, MAX_PEER_ENV_SLOTS, MAX_PEER_STREAMS
 from tests.seed_attack import IdleStreams, big_names, flood, hello, raw_act, raw_channel
 from tests.test_seed import TOKEN, Client, LiveServer, live, wait_until  # noqa: F401 (live: a fixture)
 

@@ -14,7 +14,8 @@ from concurrent import futures
 import grpc
 import pytest
 
-from conveyor.architectures.seed.server import channel_options, server_options
+from conveyor.architectures.seed.protocol import channel_options
+from conveyor.architectures.seed.server import server_options
 
 KEEPALIVE_MS = 500
 SILENCE_S = 5.0

@@ -1,4 +1,5 @@
-"""make_vector_env: exactly-once ordered steps, auto-reset, seeds, failures, shutdown, envpool."""
+"""make_vector_env: exactly-once ordered steps, auto-reset, seeds, failures, shutdown; the shm and inproc
+backends step the same envs to the same results; auto's choice; envpool."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 
 from conveyor.config import ConfigError, EnvCfg
 from conveyor.errors import WorkerFailure
-from conveyor.envs import ObsShapeError, episode_seed, make_env, make_vector_env
+from conveyor.envs import STEP_TIME_ID, ObsShapeError, episode_seed, make_env, make_vector_env
 from tests.fault_env import children
 
 # Workers import this module by name to find the counting env (gymnasium's "module:id" form).
@@ -72,11 +73,17 @@ def episode_length(home: int) -> int:
 gym.register("CountingTest-v0", entry_point=CountingEnv)
 
 
-def counting_cfg(num_envs: int = 6, num_workers: int = 2, **env_args: Any) -> EnvCfg:
-    return EnvCfg(id=COUNTING_ID, num_envs=num_envs, num_workers=num_workers, env_args=tuple(env_args.items()))
+def counting_cfg(num_envs: int = 6, num_workers: int = 2, backend: str = "shm", **env_args: Any) -> EnvCfg:
+    return EnvCfg(id=COUNTING_ID, num_envs=num_envs, num_workers=num_workers, env_args=tuple(env_args.items()),
+                  backend=backend)
 
 
-def test_every_step_of_every_env_arrives_exactly_once_in_order():
+# What both of conveyor's own backends must do alike (worker processes are shm's alone: see the tests below).
+OWN_BACKENDS = pytest.mark.parametrize("backend", ["shm", "inproc"])
+
+
+@OWN_BACKENDS
+def test_every_step_of_every_env_arrives_exactly_once_in_order(backend):
     seed, batch = 100, 6
     home = seed + np.arange(batch)
     rng = np.random.default_rng(0)
@@ -84,7 +91,7 @@ def test_every_step_of_every_env_arrives_exactly_once_in_order():
     def seeds(episode: np.ndarray) -> np.ndarray:  # the vector env's episode k is the env's episode k + 1
         return np.array([episode_seed(seed, i, k - 1) for i, k in enumerate(episode)])
 
-    with make_vector_env(counting_cfg(batch, 3), seed) as venv:
+    with make_vector_env(counting_cfg(batch, 3, backend), seed) as venv:
         assert (venv.num_envs, venv.single_action_space, venv.single_observation_space.shape) == (
             batch, gym.spaces.Discrete(1000), (4,))
         obs = venv.reset()
@@ -118,8 +125,9 @@ def test_every_step_of_every_env_arrives_exactly_once_in_order():
         assert episode.min() > 60 // 6
 
 
-def test_env_i_is_make_env_with_seed_plus_i_and_episode_k_starts_from_episode_seed():
-    cfg = EnvCfg(id="CartPole-v1", num_envs=4, num_workers=2)
+@OWN_BACKENDS
+def test_env_i_is_make_env_with_seed_plus_i_and_episode_k_starts_from_episode_seed(backend):
+    cfg = EnvCfg(id="CartPole-v1", num_envs=4, num_workers=2, backend=backend)
     rng = np.random.default_rng(0)
     actions = rng.integers(0, 2, (30, cfg.num_envs))
 
@@ -143,8 +151,9 @@ def test_env_i_is_make_env_with_seed_plus_i_and_episode_k_starts_from_episode_se
         np.testing.assert_array_equal(rollout[:, i], np.stack(single))
 
 
-def test_copy_false_returns_reused_views():
-    with make_vector_env(counting_cfg(2, 1), 0, copy=False) as venv:
+@OWN_BACKENDS
+def test_copy_false_returns_reused_views(backend):
+    with make_vector_env(counting_cfg(2, 1, backend), 0, copy=False) as venv:
         venv.reset()
         first = venv.step(np.zeros(2, int))
         second = venv.step(np.ones(2, int))
@@ -152,8 +161,9 @@ def test_copy_false_returns_reused_views():
         np.testing.assert_array_equal(first.obs[:, 3], [1, 1])
 
 
-def test_wrong_action_shape_is_refused():
-    with make_vector_env(counting_cfg(2, 1), 0) as venv:
+@OWN_BACKENDS
+def test_wrong_action_shape_is_refused(backend):
+    with make_vector_env(counting_cfg(2, 1, backend), 0) as venv:
         venv.reset()
         with pytest.raises(ValueError, match="shape"):
             venv.step(np.zeros(3, int))
@@ -191,9 +201,10 @@ def test_dead_worker_is_named_within_seconds():
     assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)
 
 
-def test_env_that_raises_is_reset_truncated_and_counted():
+@OWN_BACKENDS
+def test_env_that_raises_is_reset_truncated_and_counted(backend):
     seed = 10
-    cfg = dataclasses.replace(counting_cfg(4, 2, fail_seed=seed + 3, fail_every=2), max_env_errors=2)
+    cfg = dataclasses.replace(counting_cfg(4, 2, backend, fail_seed=seed + 3, fail_every=2), max_env_errors=2)
     with make_vector_env(cfg, seed) as venv:
         venv.reset()
         before = venv.step(np.full(4, 5))
@@ -211,8 +222,9 @@ def test_env_that_raises_is_reset_truncated_and_counted():
             venv.step(np.zeros(4, int))
 
 
-def test_observation_shape_change_is_an_error():
-    with make_vector_env(counting_cfg(4, 2, reshape_seed=1, reshape_at=2), 0) as venv:
+@OWN_BACKENDS
+def test_observation_shape_change_is_an_error(backend):
+    with make_vector_env(counting_cfg(4, 2, backend, reshape_seed=1, reshape_at=2), 0) as venv:
         venv.reset()
         venv.step(np.zeros(4, int))
         with pytest.raises(ObsShapeError, match=r"env 1 .*shape \(5,\), expected \(4,\)"):
@@ -286,8 +298,9 @@ def test_dead_worker_is_restarted_with_its_envs_on_their_next_episodes():
     ("CartPole-v1", ()),
     ("ALE/Breakout-v5", (("repeat_action_probability", 0.25),)),  # lives, sticky actions, no-op starts
 ])
-def test_env_state_rebuilds_every_env_exactly(env_id, env_args):
-    cfg = EnvCfg(id=env_id, num_envs=4, num_workers=2, env_args=env_args, episodic_life=True)
+@pytest.mark.parametrize("recorded_on, rebuilt_on", [("shm", "shm"), ("shm", "inproc"), ("inproc", "shm")])
+def test_env_state_rebuilds_every_env_exactly(env_id, env_args, recorded_on, rebuilt_on):
+    cfg = EnvCfg(id=env_id, num_envs=4, num_workers=2, env_args=env_args, episodic_life=True, backend=recorded_on)
     actions = np.random.default_rng(1).integers(0, 4 if "Breakout" in env_id else 2, (260, 4))
     with make_vector_env(cfg, 5) as venv:
         venv.reset()
@@ -297,7 +310,7 @@ def test_env_state_rebuilds_every_env_exactly(env_id, env_args):
         original = [venv.step(a) for a in actions[200:]]
     if "Breakout" in env_id:  # the recorded games span lost lives
         assert any(len(b) and b[:-1].any() for b in state["boundaries"])
-    with make_vector_env(cfg, 5, env_state=state) as venv:
+    with make_vector_env(dataclasses.replace(cfg, backend=rebuilt_on), 5, env_state=state) as venv:
         venv.reset()
         rebuilt = [venv.step(a) for a in actions[200:]]
     for ours, theirs in zip(original, rebuilt):
@@ -333,3 +346,43 @@ def test_envpool_backend_refuses_to_rebuild_envs_from_a_checkpoint():
     with pytest.raises(ConfigError, match="envpool backend cannot rebuild its envs.*--env-backend shm"):
         make_vector_env(EnvCfg(id="ALE/Pong-v5", num_envs=2, num_workers=1, backend="envpool"), 0,
                         env_state=EnvHistory(2).state())
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "MinAtar/Breakout-v1"])
+def test_inproc_steps_the_same_envs_to_the_same_results_as_shm(env_id):
+    actions = np.random.default_rng(2).integers(0, 2, (300, 4))
+
+    def rollout(backend: str) -> list:
+        cfg = EnvCfg(id=env_id, num_envs=4, num_workers=2, backend=backend)
+        with make_vector_env(cfg, 11, gamma=0.99) as venv:
+            return [venv.reset()] + [venv.step(a) for a in actions]
+
+    shm, inproc = rollout("shm"), rollout("inproc")
+    np.testing.assert_array_equal(shm[0], inproc[0])
+    for ours, theirs in zip(shm[1:], inproc[1:]):
+        for field in ours._fields:
+            np.testing.assert_array_equal(getattr(ours, field), getattr(theirs, field), err_msg=field)
+    assert sum(int(step.terminated.sum() + step.truncated.sum()) for step in shm[1:]) > 4  # episodes ended
+
+
+def test_inproc_starts_no_process():
+    children_before = set(children())
+    with make_vector_env(counting_cfg(4, 2, "inproc"), 0) as venv:
+        venv.reset()
+        venv.step(np.zeros(4, int))
+        assert set(children()) <= children_before
+        assert venv.restarts == 0
+
+
+def test_auto_steps_cheap_envs_in_process_and_slow_ones_in_workers():
+    from conveyor.envs.inproc import SHM_STEP_OVERHEAD_US, choose_backend
+
+    # One worker saves nothing by stepping elsewhere, however slow the env.
+    alone = choose_backend(EnvCfg(id=STEP_TIME_ID, num_envs=4, num_workers=1, env_args=(("dist", "constant"), ("mean_ms", 2.0))), 0)
+    assert alone.backend == "inproc" and alone.step_us >= 1000  # it sleeps 2 ms a step
+    # Two workers of 8 envs that each sleep 2 ms a step save far more than a round trip costs.
+    slow = choose_backend(EnvCfg(id=STEP_TIME_ID, num_envs=16, num_workers=2, env_args=(("dist", "constant"), ("mean_ms", 2.0))), 0)
+    assert slow.backend == "shm" and 8 * slow.step_us > SHM_STEP_OVERHEAD_US
+    assert "us" in slow.reason
+    with make_vector_env(EnvCfg(id=STEP_TIME_ID, num_envs=4, num_workers=1, backend="auto"), 0) as venv:
+        assert type(venv).__name__ == "InProcessVectorEnv"

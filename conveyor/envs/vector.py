@@ -60,6 +60,7 @@ from conveyor.config import ConfigError, EnvCfg
 from conveyor.errors import StoppedWhileStarting, WorkerDied, WorkerFailure
 from conveyor.envs.envpool_backend import EnvpoolVectorEnv
 from conveyor.envs.history import EnvHistory
+from conveyor.envs.inproc import InProcessVectorEnv, choose_backend
 from conveyor.envs.make import env_spaces
 from conveyor.envs.shm_worker import (
     CMD_CLOSE,
@@ -72,7 +73,7 @@ from conveyor.envs.shm_worker import (
     REPLY_OK,
     WorkerSpec,
 )
-from conveyor.envs.vector_api import StepResult, VectorEnv
+from conveyor.envs.vector_api import ObsShapeError, StepResult, VectorEnv
 from conveyor.storage.shm import SharedArrays
 from conveyor.procs import CLOSE_GRACE_S, RestartBudget, close_children, exit_reason, reap, start_child
 
@@ -80,14 +81,12 @@ _WORKER_ENTRY = "from conveyor.envs.shm_worker import main; main()"
 _SUPPORTED_SPACES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
 
 
-class ObsShapeError(WorkerFailure):
-    """An env returned an observation whose shape differs from the one it started with."""
-
-
 def make_vector_env(cfg: EnvCfg, seed: int, *, gamma: float | None = None, copy: bool = True,
                     restart_workers: bool = False, env_state: dict[str, Any] | None = None,
                     stop: Callable[[], bool] | None = None, env_offset: int = 0) -> VectorEnv:
-    """``cfg.num_envs`` envs stepped together by ``cfg.backend`` (``shm`` or ``envpool``).
+    """``cfg.num_envs`` envs stepped together by ``cfg.backend``: ``shm`` (worker processes), ``inproc`` (this
+    process, ``conveyor.envs.inproc``), ``envpool``, or ``auto``, which picks ``inproc`` or ``shm`` from the
+    env's measured step time (``choose_backend``; a run resolves it once at its start and records the choice).
 
     Env i is seeded with ``seed + env_offset + i`` (``env_offset``: its global index is that, when the envs
     are a data-parallel rank's share of a run's). ``step`` returns a ``StepResult``. With
@@ -95,17 +94,32 @@ def make_vector_env(cfg: EnvCfg, seed: int, *, gamma: float | None = None, copy:
     the next ``reset``/``step`` overwrites: use it when the caller copies
     the data out at once, to avoid allocating every step. ``gamma`` is the
     run's discount, which ``cfg.normalize_reward`` needs (``make_env``).
-    ``restart_workers``, ``env_state`` and ``stop``: see ``ShmVectorEnv`` (the
-    ``shm`` backend only). Call ``close()`` (or use ``with``) when done; it also runs
+    ``env_state`` rebuilds a run's envs (``shm`` and ``inproc``); ``restart_workers`` and ``stop``: see
+    ``ShmVectorEnv`` (worker processes only). Call ``close()`` (or use ``with``) when done; it also runs
     at interpreter exit.
     """
-    if cfg.backend == "envpool":
+    backend = cfg.backend if cfg.backend != "auto" else choose_backend(cfg, seed).backend
+    if backend == "envpool":
         if env_state is not None:
             raise ConfigError("the envpool backend cannot rebuild its envs from a checkpoint: resume with "
                               "--env-backend shm")
         return EnvpoolVectorEnv(cfg, seed, copy=copy, env_offset=env_offset)
+    if backend == "inproc":
+        return InProcessVectorEnv(cfg, seed, checked_spaces(cfg, seed), gamma=gamma, copy=copy,
+                                  env_state=env_state, env_offset=env_offset)
     return ShmVectorEnv(cfg, seed, gamma=gamma, copy=copy, restart_workers=restart_workers, env_state=env_state,
                         stop=stop, env_offset=env_offset)
+
+
+def checked_spaces(cfg: EnvCfg, seed: int) -> tuple[gym.Space, gym.Space]:
+    """The env's (observation, action) spaces (``env_spaces``), refused in one line unless the vector envs of
+    ``shm`` and ``inproc`` can hold them."""
+    spaces = env_spaces(cfg, seed)
+    for role, space in zip(("observation", "action"), spaces):
+        if not isinstance(space, _SUPPORTED_SPACES):
+            raise ConfigError(f"env {cfg.id!r} has a {type(space).__name__} {role} space: the vector env "
+                              "supports Box, Discrete, MultiDiscrete and MultiBinary")
+    return spaces
 
 
 class EnvGroup:
@@ -205,11 +219,7 @@ class ShmVectorEnv:
         self.num_workers = cfg.num_workers
         self.copy = copy
         self._poll_ms = int(poll_interval_s * 1000)
-        self.single_observation_space, self.single_action_space = env_spaces(cfg, seed)
-        for role, space in (("observation", self.single_observation_space), ("action", self.single_action_space)):
-            if not isinstance(space, _SUPPORTED_SPACES):
-                raise ConfigError(f"env {cfg.id!r} has a {type(space).__name__} {role} space: the vector env "
-                                  "supports Box, Discrete, MultiDiscrete and MultiBinary")
+        self.single_observation_space, self.single_action_space = checked_spaces(cfg, seed)
         self._shared = SharedArrays(env_worker_layout(cfg.num_envs, cfg.num_workers, self.single_observation_space,
                                                       self.single_action_space))
         shared = self._shared

@@ -1,5 +1,6 @@
-"""What every vector env backend (``conveyor.envs.vector.ShmVectorEnv``, ``conveyor.envs.envpool_backend``)
-returns and offers: ``StepResult`` and the ``VectorEnv`` protocol."""
+"""What every vector env backend (``conveyor.envs.vector.ShmVectorEnv``, ``conveyor.envs.inproc``,
+``conveyor.envs.envpool_backend``) returns, offers and raises: ``StepResult``, the ``VectorEnv`` protocol,
+``ObsShapeError``."""
 
 from __future__ import annotations
 
@@ -9,6 +10,11 @@ import gymnasium as gym
 import numpy as np
 
 from conveyor.envs.history import EnvHistory
+from conveyor.errors import WorkerFailure
+
+
+class ObsShapeError(WorkerFailure):
+    """An env returned an observation whose shape differs from the one it started with."""
 
 
 class StepResult(NamedTuple):
@@ -42,7 +48,7 @@ class StepResult(NamedTuple):
 
 
 class VectorEnv(Protocol):
-    """What every backend offers (``ShmVectorEnv``, ``EnvpoolVectorEnv``)."""
+    """What every backend offers (``ShmVectorEnv``, ``InProcessVectorEnv``, ``EnvpoolVectorEnv``)."""
 
     num_envs: int
     single_observation_space: gym.Space

@@ -20,7 +20,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from conveyor.config import ConfigError, ModelCfg
+from conveyor.config import ModelCfg
+from conveyor.errors import ConfigError
 from conveyor.imports import is_ref
 from conveyor.models import encoders
 from conveyor.models.encoders import ENCODERS

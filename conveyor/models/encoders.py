@@ -29,7 +29,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from conveyor.config import ConfigError, ModelCfg
+from conveyor.config import ModelCfg
+from conveyor.errors import ConfigError
 from conveyor.imports import import_object
 
 

@@ -65,7 +65,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from conveyor.config import ConfigError
+from conveyor.errors import ConfigError
 from conveyor.storage.schema import STATE_KEYS, marker_tensor
 from conveyor.storage.sum_tree import SumTree
 

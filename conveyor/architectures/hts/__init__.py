@@ -1,1 +1,1 @@
-"""HTS-RL (Liu et al. 2020): executors and the state buffer (``state_buffer.py``), actor threads (``actors.py``), double storage and the one-step delayed gradient (``run.py``), the throughput model of eq. 7 (``throughput.py``)."""
+"""HTS-RL (Liu et al. 2020): executor processes (``executors.py``) and the state buffer (``state_buffer.py``), actor threads (``actors.py``), the one-step delayed update (``delayed.py``), double storage and rounds (``run.py``), the throughput model of eq. 7 (``throughput.py``)."""

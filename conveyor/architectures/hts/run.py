@@ -1,6 +1,6 @@
 """HTS-RL (Liu et al. 2020): executors, actors and a learner over two storages, with a one-step delayed gradient.
 
-- Executors (``cfg.env.num_workers`` processes, ``conveyor.architectures.hts.state_buffer``)
+- Executors (``cfg.env.num_workers`` processes, ``conveyor.architectures.hts.executors``)
   step each env as soon as its action arrives and post its next observation,
   with a uniform number drawn from the env's own seeded generator.
 - Actors (``cfg.arch.num_actors`` threads here, in the learner process: the
@@ -14,9 +14,9 @@
   learner's latest theta_t act next, and the main thread learns from the full
   storage while the next round is collected. The data is always exactly one
   update behind the learner (lag 1; the first batch, lag 0). A2C applies the
-  gradient at theta_{t-1} to theta_t (eq. 6, ``actors.delayed_update``); PPO
+  gradient at theta_{t-1} to theta_t (eq. 6, ``delayed.delayed_update``); PPO
   runs its epochs from theta_t with ratios against theta_{t-1}'s log-probs, as
-  the authors' code does (``actors.lagged_ppo_update``).
+  the authors' code does (``delayed.lagged_ppo_update``).
 
 Determinism: an action depends only on the acting parameters, the env's
 observation and the env's uniform number. Actors forward a fixed-size batch
@@ -55,8 +55,8 @@ from conveyor.acting import GsdeNoise
 from conveyor.algos import ppo
 from conveyor.config import RunCfg
 from conveyor.envs.history import EnvHistory
-from conveyor.architectures.hts.actors import (POLL_S, Actors, acting_tensors, copy_params, delayed_update,
-                                               lagged_ppo_update, restart_dead_executors)
+from conveyor.architectures.hts.actors import POLL_S, Actors, restart_dead_executors
+from conveyor.architectures.hts.delayed import acting_tensors, copy_params, delayed_update, lagged_ppo_update
 from conveyor.models import frozen_copy, make_model
 from conveyor.run import Run
 from conveyor.storage.double import DoubleStorage

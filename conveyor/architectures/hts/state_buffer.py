@@ -1,4 +1,4 @@
-"""HTS-RL state and action buffers between executor processes and actor threads.
+"""HTS-RL state and action buffers between executor processes and actor threads (the parent side).
 
 The buffers are one shared memory block (``conveyor.storage.shm``) with a
 row per env: the state buffer (observation, the uniform number that will
@@ -11,22 +11,9 @@ shared *ready* pipe, tagged with the executor's incarnation
 once and answers on each owning executor's *action* pipe. The main thread
 starts each round with ``GO`` on every action pipe.
 
-An executor (``cfg.num_workers`` processes, each owning
-``cfg.envs_per_worker`` consecutive envs) steps each env as soon as its
-action arrives, never waiting for its other envs: every env is a
-single-env ``conveyor.envs.shm_worker.EnvWorker`` over its own rows, so
-seeding (env i gets ``seed + i``), auto-reset, episode statistics and env
-errors behave exactly as in the vector env. Per round it posts, for each
-env, ``sync_interval`` (alpha) act requests (``t = 0 .. alpha - 1``) and
-one final request (``t = alpha``: the bootstrap observation and the last
-step's result), then waits for ``GO``.
-
-All randomness that picks actions comes from the executors: in round r env
-i draws one uniform number (``float32``, shape of one action's noise) per
-act request from its own generator, seeded from ``(seed, i, r)``, and posts
-it with the observation; actors sample by inverse CDF. So the actions do not
-depend on which actor serves which env, and a restarted or resumed executor
-draws exactly what the lost one would have.
+The executors (``cfg.num_workers`` processes, each owning ``cfg.envs_per_worker``
+consecutive envs, stepping each env as soon as its action arrives and drawing the uniforms that pick
+the actions) are the other side of this boundary: ``conveyor.architectures.hts.executors``.
 
 An executor whose env spends longer than ``EnvCfg.env_step_timeout_s`` in
 one call is killed as hung (``kill_hung``, from the main thread: executors
@@ -39,84 +26,33 @@ envs' steps of the round from ``t = 0`` on their next episodes (the caller
 forgets what the dead one wrote). A resumed run starts executors that rebuild their envs from an
 ``EnvHistory`` (``start``).
 
-Executors run ``python -c "from conveyor.architectures.hts.state_buffer import main; main()"``
-(like the vector env's workers: spec as JSON on stdin, no torch import, no
-re-import of the parent's ``__main__``), ignore SIGINT, and exit when the parent's end of
-their action pipe closes.
+``StateBuffer`` starts them as ``python -c ENTRY`` (``procs.start_child``: their spec as JSON on stdin).
 """
 
 from __future__ import annotations
 
-import collections
 import os
 import select
 import subprocess
 import time
-import traceback
 import weakref
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import gymnasium as gym
 import numpy as np
 
-from conveyor.config import ConfigError, EnvCfg
-from conveyor.errors import WorkerFailure
+from conveyor.config import EnvCfg
+from conveyor.errors import ConfigError, WorkerFailure
 from conveyor.envs.make import env_spaces
-from conveyor.envs.shm_worker import EnvWorker, WorkerSpec, env_worker_layout, write_message
+from conveyor.envs.shm_worker import env_worker_layout
 from conveyor.storage.shm import ArraySpec, SharedArrays
-from conveyor.procs import RestartBudget, child_prologue, close_children, exit_reason, reap, start_child
-
-GO = -1
-"""Action-pipe record, main thread -> executor: start the next round."""
-STOP = -2
-"""Action-pipe record, main thread -> executor: exit."""
-POST_AFTER_S = 0.001
-"""An executor posts the envs it stepped in one write once stepping them has taken this long (else when the
-actions that came together are all stepped)."""
-UNIFORM_STREAM = 0x48545352
-"""Third word of an env's uniform-generator seed ``(seed, env, UNIFORM_STREAM)``: keeps the stream apart
-from every other generator seeded from small integers."""
+from conveyor.procs import RestartBudget, close_children, exit_reason, reap, start_child
+from conveyor.architectures.hts.executors import GO, RECORD, STOP, ExecutorSpec, records
 
 if TYPE_CHECKING:
     from conveyor.envs.history import EnvHistory
 
-_RECORD = np.dtype("<i4")
-_ENTRY = "from conveyor.architectures.hts.state_buffer import main; main()"
-
-
-def uniform_generator(seed: int, env: int, round_index: int) -> np.random.Generator:
-    """The generator whose draws pick env ``env``'s actions in round ``round_index`` (one per act request)."""
-    return np.random.default_rng([seed, env, UNIFORM_STREAM, round_index])
-
-
-class ExecutorSpec(NamedTuple):
-    index: int
-    incarnation: int
-    """How many executors held this index before (its ready records carry it)."""
-    env_cfg: EnvCfg
-    seed: int
-    gamma: float | None
-    """The run's discount (``EnvCfg.normalize_reward``)."""
-    first_env: int
-    num_envs: int
-    episodes: tuple
-    """Per env, the index of the episode its first reset starts."""
-    replay: tuple
-    """Per env, ``history.Replay`` fields that rebuild it (a resumed run), or empty."""
-    first_round: int
-    """Index of the first round this executor plays (seeds its uniform generators)."""
-    join_round: bool
-    """Play round ``first_round`` at once (a restart joins the round in flight) instead of waiting for GO."""
-    sync_interval: int
-    uniform_shape: tuple[int, ...]
-    array_specs: tuple
-    shm_fd: int
-    ready_fd: int
-    """Write end of the shared ready pipe."""
-    action_fd: int
-    """Read end of this executor's action pipe."""
-    env_offset: int = 0
-    """Global index of env 0 of the buffer (a data-parallel rank's first env): seeds and uniforms use it."""
+_ENTRY = "from conveyor.architectures.hts.executors import main; main()"
 
 
 class _Executor(NamedTuple):
@@ -131,14 +67,10 @@ class _Executor(NamedTuple):
         return f"executor {self.index} (pid {self.process.pid}, envs {self.first_env}-{last})"
 
 
-def _records(values: Any) -> bytes:
-    return np.asarray(values, dtype=_RECORD).tobytes()
-
-
 def _shutdown(executors: list[_Executor], ready_fds: tuple[int, int], shared: SharedArrays) -> None:
     """Stop the executors (STOP, then by force), close the pipes, release the memory block."""
     close_children([executor.process for executor in executors], [executor.action_fd for executor in executors],
-                   _records([STOP]))
+                   records([STOP]))
     executors.clear()
     for fd in ready_fds:
         os.close(fd)
@@ -234,11 +166,11 @@ class StateBuffer:
         if not select.select([self._ready_fd], [], [], timeout_s)[0]:
             return np.empty(0, np.int64)
         try:
-            data = os.read(self._ready_fd, _RECORD.itemsize * self.num_envs)
+            data = os.read(self._ready_fd, RECORD.itemsize * self.num_envs)
         except BlockingIOError:
             return np.empty(0, np.int64)  # another actor took them first
-        records = np.frombuffer(data, _RECORD).astype(np.int64)
-        envs, incarnations = records % self.num_envs, records // self.num_envs
+        tagged = np.frombuffer(data, RECORD).astype(np.int64)
+        envs, incarnations = tagged % self.num_envs, tagged // self.num_envs
         # A dead executor's requests may still wait in the pipe: its successor re-posts them.
         return envs[incarnations == self._incarnation[self._owner[envs]]]
 
@@ -249,12 +181,12 @@ class StateBuffer:
         for env, owner in zip(envs.tolist(), self._owner[envs].tolist()):
             by_owner.setdefault(owner, []).append(env)
         for owner, owned in by_owner.items():
-            _write_to_live(self._executors[owner].action_fd, _records(owned))
+            _write_to_live(self._executors[owner].action_fd, records(owned))
 
     # ---- main-thread side ------------------------------------------------------------------
     def start_round(self) -> None:
         for executor in self._executors:
-            _write_to_live(executor.action_fd, _records([GO]))
+            _write_to_live(executor.action_fd, records([GO]))
 
     def kill_hung(self) -> None:
         """Kill the executors whose env has been in one call (make, reset, step) for longer than
@@ -338,105 +270,3 @@ def _write_to_live(fd: int, data: bytes) -> None:
         os.write(fd, data)
     except BrokenPipeError:
         pass  # the executor died: the main thread restarts it, and its successor re-posts its requests
-
-
-# ---- executor process ----------------------------------------------------------------------
-def _read_records(action_fd: int, num_envs: int, heartbeat: np.ndarray) -> list[int]:
-    """The records waiting on the action pipe (blocks for at least one); ``[STOP]`` when the parent has gone
-    (end of file). Clears ``heartbeat`` while it waits: no env call is under way then."""
-    heartbeat[0] = 0.0
-    data = os.read(action_fd, _RECORD.itemsize * (num_envs + 1))
-    return np.frombuffer(data, _RECORD).tolist() if data else [STOP]
-
-
-def _serve(spec: ExecutorSpec, shared: SharedArrays) -> None:
-    alpha, first = spec.sync_interval, spec.first_env
-    envs = [EnvWorker(WorkerSpec(spec.index, spec.env_cfg, spec.seed, spec.gamma, first + i, 1, (spec.episodes[i],),
-                                 (spec.replay[i],) if spec.replay else (), spec.array_specs, spec.shm_fd, -1, -1,
-                                 spec.env_offset), shared) for i in range(spec.num_envs)]
-    uniform, request_step = shared["uniform"], shared["request_step"]
-    env_seconds = shared["env_seconds"][spec.index:spec.index + 1]
-    action_wait = shared["action_wait"][spec.index]
-    posted = [0.0] * spec.num_envs  # when each env's request went out
-    heartbeat = shared["heartbeat"][spec.index:spec.index + 1]
-    steps = [0] * spec.num_envs
-    tag = shared["obs"].shape[0] * spec.incarnation
-    uniforms: list[np.random.Generator] = []
-    clock = time.perf_counter
-
-    def post(indices: list[int]) -> None:
-        for e in indices:
-            t = steps[e - first]
-            request_step[e] = t
-            if t < alpha:
-                uniform[e] = uniforms[e - first].random(spec.uniform_shape, dtype=np.float32)
-        now = clock()
-        for e in indices:
-            posted[e - first] = now
-        os.write(spec.ready_fd, _records([e + tag for e in indices]))
-
-    def receive() -> collections.deque:
-        return collections.deque(_read_records(spec.action_fd, spec.num_envs, heartbeat))
-
-    try:
-        for env in envs:
-            env.reset()
-        waiting = collections.deque([GO]) if spec.join_round else receive()
-        round_index = spec.first_round
-        while True:  # between rounds
-            command = waiting.popleft() if waiting else receive().popleft()
-            if command == STOP:
-                return
-            if command != GO:
-                raise RuntimeError(f"executor {spec.index} got record {command} between rounds, expected GO")
-            steps[:] = [0] * spec.num_envs
-            uniforms = [uniform_generator(spec.seed, spec.env_offset + first + i, round_index)
-                        for i in range(spec.num_envs)]
-            round_index += 1
-            post(list(range(first, first + spec.num_envs)))
-            pending = spec.num_envs
-            while pending:
-                if not waiting:
-                    waiting = receive()
-                arrived = clock()
-                # Step every env whose action came in this read, then post them in one record write (one
-                # wake-up, one batch for the actors), or sooner when stepping them takes longer than
-                # POST_AFTER_S (a slow env's request should not wait for its siblings' steps).
-                ready: list[int] = []
-                began = arrived
-                while waiting:
-                    e = waiting.popleft()
-                    if e == STOP:
-                        return
-                    if not first <= e < first + spec.num_envs:
-                        raise RuntimeError(f"executor {spec.index} got record {e} during a round, expected one of "
-                                           "its envs")
-                    action_wait[0] += arrived - posted[e - first]
-                    action_wait[1] += 1
-                    start = clock()
-                    envs[e - first].step()  # writes obs, reward, flags, final_obs, episode_return of row e
-                    end = clock()
-                    env_seconds[0] += end - start
-                    steps[e - first] += 1
-                    pending -= steps[e - first] == alpha
-                    ready.append(e)
-                    if end - began > POST_AFTER_S:
-                        post(ready)
-                        ready, began = [], clock()
-                if ready:
-                    post(ready)
-    finally:
-        for env in envs:
-            env.close()
-
-
-def main() -> None:
-    spec: ExecutorSpec = child_prologue(ExecutorSpec)
-    shared = SharedArrays(spec.array_specs, spec.shm_fd)
-    try:
-        _serve(spec, shared)
-    except BaseException:
-        write_message(shared["message"][spec.index], traceback.format_exc())
-        raise
-    finally:
-        shared.close()

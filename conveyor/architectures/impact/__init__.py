@@ -1,1 +1,1 @@
-"""IMPACT (Luo et al. 2020): worker processes with their own policy (``workers.py``), the shared-memory weight broadcast (``params.py``), circular buffer and target network (``run.py``)."""
+"""IMPACT (Luo et al. 2020): worker processes with their own policy (``collector.py``; started and restarted by ``workers.py``, or as Ray actors by ``ray_workers.py``), the shared-memory weight broadcast (``params.py``), circular buffer and target network (``run.py``)."""

@@ -1,6 +1,6 @@
 """IMPACT workers as Ray actors (``--launcher ray``): ``Workers``' job, across a Ray cluster's nodes.
 
-A Ray worker is the same ``BatchCollector`` a worker process runs (same
+A Ray worker (``collector.ImpactRayWorker``) is the same ``BatchCollector`` a worker process runs (same
 envs, seeds, policy copy and batches); only the transport differs, since
 shared memory does not cross machines. The learner keeps
 ``SLOTS_PER_WORKER`` ``collect`` calls queued on each worker (the worker
@@ -29,45 +29,15 @@ import copy
 from collections import deque
 from typing import Any, Callable
 
-import numpy as np
 import torch
 
 from conveyor.architectures.impact.params import ParamBlock
-from conveyor.architectures.impact.workers import SLOTS_PER_WORKER, BatchCollector, batch_fields
+from conveyor.architectures.impact.collector import SLOTS_PER_WORKER, ImpactRayWorker, batch_fields
 from conveyor.config import RunCfg
 from conveyor.errors import WorkerDied, WorkerFailure
 from conveyor.procs import RestartBudget
-from conveyor.ray_launcher import RayLauncher, where
-from conveyor.storage.schema import fill_marker
+from conveyor.ray_launcher import RayLauncher
 from conveyor.storage.shm import SharedArrays
-
-
-class ImpactRayWorker:
-    """The body of one Ray worker: a ``BatchCollector`` and the parameter version it acts with."""
-
-    def __init__(self, cfg: dict[str, Any], index: int, life: int) -> None:
-        torch.set_num_threads(1)
-        self.collector = BatchCollector(RunCfg.from_dict(cfg), index, life)
-        self.version = -1
-
-    def where(self) -> dict[str, Any]:
-        return where()
-
-    def collect(self, params: list[Any], specs: dict[str, tuple[tuple[int, ...], str]]) -> dict[str, Any]:
-        """One batch: ``specs`` name -> (shape, dtype) of its arrays; ``params``: ``[version, ref]`` of the
-        newest weights (a list, so Ray hands the reference over unresolved and it is fetched only when new)."""
-        import ray
-
-        version, ref = params
-        if version > self.version:
-            state = ray.get(ref)
-            self.collector.model.load_state_dict({name: torch.tensor(value) for name, value in state.items()})
-            self.version = version
-        batch = {name: np.empty(shape, dtype) for name, (shape, dtype) in specs.items()}
-        for array in batch.values():
-            fill_marker(array)  # a field the collector failed to write shows at once
-        seconds = self.collector.fill(batch, self.version)
-        return {"batch": batch, "seconds": seconds, "env_errors": self.collector.env_errors}
 
 
 class RayWorkers:

@@ -1,6 +1,6 @@
 """IMPACT (Luo et al. 2020, algorithm 1): async workers, circular buffer C(N, K), clipped target network.
 
-W worker processes (``env.num_workers``, ``workers``) each
+W worker processes (``env.num_workers``, ``collector``; started by ``workers``) each
 hold their own copy of the policy and step ``env.num_envs / W`` envs. A
 worker fills one of its batch slots in shared memory with S steps
 (``--worker-batch``): observations, actions (the unclipped Gaussian sample;
@@ -15,7 +15,7 @@ the cursor is empty it takes the oldest ready slot, copies it in and hands
 the slot back to its worker. On a batch's first use the target network's
 log-probs (and policy parameters, for the KL penalty) are attached. With an
 LSTM core (``--lstm-size``) each batch carries the state its envs started it
-from and the core's inputs (``workers.batch_fields``); the learner and the
+from and the core's inputs (``collector.batch_fields``); the learner and the
 target network replay it from that state (``acting.forward_unrolls``). Every
 update: lag histogram, one optimizer step; every ``--target-update``
 updates the target network copies the learner, every ``--broadcast-interval``
@@ -51,7 +51,8 @@ from conveyor.envs import env_spaces
 from conveyor.models import frozen_copy, make_model
 from conveyor.run import Run
 from conveyor.storage.circular import CircularBuffer
-from conveyor.architectures.impact.workers import POLL_S, SLOTS_PER_WORKER, Workers, batch_fields, pool_specs
+from conveyor.architectures.impact.collector import POLL_S, SLOTS_PER_WORKER, batch_fields, pool_specs
+from conveyor.architectures.impact.workers import Workers
 from conveyor.architectures.impact.params import ParamBlock
 from conveyor.architectures.impact.ray_workers import RayWorkers
 from conveyor.ray_launcher import RayLauncher, check_available
@@ -73,9 +74,9 @@ def run(cfg: RunCfg) -> dict[str, Any]:
             check_available()
             launcher = run.closing(RayLauncher(arch.ray_address, arch.ray_strategy, count=cfg.env.num_workers,
                                                role="impact worker", out=run.out))
-            workers = run.closing(RayWorkers(cfg, pool, params, launcher, model, **restarts))
+            workers = run.closing(RayWorkers(run.cfg, pool, params, launcher, model, **restarts))
         else:
-            workers = run.closing(Workers(cfg, pool, params, **restarts))
+            workers = run.closing(Workers(run.cfg, pool, params, **restarts))
         buffer = CircularBuffer(arch.buffer_batches, arch.replay_times, learner.device)
         worker_versions = [-1] * cfg.env.num_workers
         fields = batch_fields(cfg)

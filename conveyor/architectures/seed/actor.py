@@ -48,8 +48,9 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from conveyor.config import ConfigError, EnvCfg
-from conveyor.errors import WorkerFailure
+from conveyor.config import EnvCfg
+from conveyor.errors import ConfigError, WorkerFailure
+from conveyor.architectures.seed.protocol import PROTOCOL_VERSION, auth_metadata, channel_options, read_token
 from conveyor.procs import RestartBudget, die_with_parent, exit_reason, reap, terminate
 
 LOCAL_ACTOR_ENV = "CONVEYOR_LOCAL_ACTOR"
@@ -77,8 +78,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from conveyor.architectures.seed.server import read_token
-
     if args.num_envs <= 0 or args.num_workers <= 0 or args.num_envs % args.num_workers:
         raise ConfigError(f"--num-envs ({args.num_envs}) must be a positive multiple of --num-workers "
                           f"({args.num_workers})")
@@ -129,7 +128,6 @@ class Actor:
         import grpc
 
         from conveyor.architectures.seed import seed_pb2_grpc
-        from conveyor.architectures.seed.server import channel_options
 
         self.address = address
         self.token = token
@@ -187,7 +185,6 @@ class Actor:
     def _session(self) -> None:
         """One stream: Hello, Welcome, then step until the stream ends (returns) or breaks (raises)."""
         from conveyor.architectures.seed import seed_pb2, wire
-        from conveyor.architectures.seed.server import PROTOCOL_VERSION, auth_metadata
 
         outbox: queue.Queue[Any] = queue.Queue()
         call = self.stub.Act(_drain(outbox), metadata=auth_metadata(self.token))

@@ -31,7 +31,8 @@ from torch import Tensor, nn
 
 from conveyor import algos
 from conveyor.acting import forward_step, forward_unrolls
-from conveyor.config import ConfigError, RunCfg
+from conveyor.config import RunCfg
+from conveyor.errors import ConfigError
 from conveyor.learner import Learner, LossFn
 from conveyor.models import frozen_copy, make_model
 from conveyor.returns import value_rescale_inverse

@@ -22,8 +22,7 @@ from typing import Any
 
 from conveyor.architectures.seed.actor import EXIT_ENVS_FAILED, Actor, actor_name
 from conveyor.architectures.seed.server import LOOPBACK_HOSTS
-from conveyor.config import ConfigError
-from conveyor.errors import WorkerFailure
+from conveyor.errors import ConfigError, WorkerFailure
 from conveyor.procs import RestartBudget
 from conveyor.ray_launcher import RayLauncher, where
 

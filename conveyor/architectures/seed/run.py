@@ -58,7 +58,8 @@ from conveyor.acting import GsdeNoise
 from conveyor.architectures.seed.actor import LocalActors
 from conveyor.architectures.seed.ray_actors import RayActors
 from conveyor.ray_launcher import RayLauncher, check_available
-from conveyor.config import ConfigError, RunCfg
+from conveyor.config import RunCfg
+from conveyor.errors import ConfigError
 from conveyor.envs import env_spaces
 from conveyor.models import make_model
 from conveyor.architectures.seed.r2d2 import ReplayLearning
@@ -122,7 +123,7 @@ def run(cfg: RunCfg) -> dict[str, Any]:
         token = learner_token(arch.token_file, local_only=arch.local_actors > 0)
         server = run.closing(SeedServer(
             batcher, inference.release, listen=arch.listen, token=token,
-            env_config_json=_env_json(cfg), obs_shape=obs_space.shape, obs_dtype=obs_space.dtype, base_seed=cfg.seed,
+            env_config_json=_env_json(run.cfg), obs_shape=obs_space.shape, obs_dtype=obs_space.dtype, base_seed=cfg.seed,
             max_message_bytes=arch.max_message_bytes, tls_cert=arch.tls_cert, tls_key=arch.tls_key, stats=stats,
             max_actor_envs=arch.max_actor_envs, idle_timeout_s=arch.actor_idle_timeout_s))
         batcher.expected_rows = lambda: server.expected_envs  # all but late streams waiting: go

@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import collections
 import hmac
-import os
 import secrets
 import sys
 import threading
@@ -73,17 +72,17 @@ import grpc
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from conveyor.config import ArchCfg, ConfigError
+from conveyor.config import ArchCfg
+from conveyor.errors import ConfigError
 from conveyor.architectures.seed import seed_pb2, wire
+from conveyor.architectures.seed.protocol import (AUTH_KEY, KEEPALIVE_MS, PROTOCOL_VERSION, TOKEN_ENV, channel_options,
+                                                  read_token)
 from conveyor.architectures.seed.batcher import Batcher, EnvSteps, InferenceStats
 
-PROTOCOL_VERSION = 1
 CLOSE_GRACE_S = 5.0
 """How long ``SeedServer.close`` lets open streams run to their next message (an actor's env step) before it
 cancels them."""
 SERVICE = "conveyor.seed.Seed"
-TOKEN_ENV = "CONVEYOR_TOKEN"
-AUTH_KEY = "authorization"
 MAX_STREAMS = 256
 """Concurrent actor streams (each holds one server thread while open); more are refused."""
 MAX_ENV_SLOTS = 4096
@@ -107,25 +106,6 @@ def actor_env_seed(base_seed: int, first_slot: int, life: int) -> int:
     return int(np.random.SeedSequence((base_seed, first_slot, life)).generate_state(1)[0])
 
 
-def read_token(token_file: str = "") -> str:
-    """The shared actor token from ``token_file``, else ``$CONVEYOR_TOKEN``; '' when neither is set. Warns (one
-    line on stderr) when users other than the owner may read or change ``token_file``."""
-    if token_file:
-        try:
-            token = Path(token_file).read_text().strip()
-            mode = os.stat(token_file).st_mode & 0o777
-        except OSError as error:
-            raise ConfigError(f"cannot read token file {token_file} ({error.strerror}): "
-                              "pass --token-file a readable file holding the token") from None
-        if mode & 0o077:  # as ssh checks private keys: only the owner may read or change it
-            print(f"conveyor: warning: permissions {mode:04o} of token file {token_file} are too open (other "
-                  f"users can read the token): chmod 600 {token_file}", file=sys.stderr)
-        if not token:
-            raise ConfigError(f"token file {token_file} is empty: write the shared token into it")
-        return token
-    return os.environ.get(TOKEN_ENV, "").strip()
-
-
 def learner_token(token_file: str, local_only: bool) -> str:
     """The learner's token: the configured one, else a fresh random one when all actors are local."""
     token = read_token(token_file)
@@ -143,26 +123,10 @@ def unix_socket_path(address: str) -> str:
     return address[len("unix:"):] if address.startswith("unix:") else ""
 
 
-def auth_metadata(token: str) -> tuple[tuple[str, str], ...]:
-    return ((AUTH_KEY, f"Bearer {token}"),)
-
-
 def peer_host(context: grpc.ServicerContext) -> str:
     """The client host of a call: its peer without the port (``ipv4:10.0.0.2``; ``unix`` for unix sockets)."""
     peer = context.peer()
     return peer.rpartition(":")[0] or peer
-
-
-KEEPALIVE_MS = 10_000
-"""Both ends ping an idle connection this often, so a dead peer is noticed within seconds, not hours."""
-
-
-def channel_options(max_message_bytes: int, keepalive_ms: int = KEEPALIVE_MS) -> list[tuple[str, int]]:
-    """Channel arguments of both ends: message limits and keepalive pings that go on while no data flows."""
-    return [("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.max_send_message_length", max_message_bytes),
-            ("grpc.keepalive_time_ms", keepalive_ms), ("grpc.keepalive_timeout_ms", keepalive_ms // 2),
-            ("grpc.http2.max_pings_without_data", 0), ("grpc.keepalive_permit_without_calls", 1)]
 
 
 def server_options(max_message_bytes: int, keepalive_ms: int = KEEPALIVE_MS) -> list[tuple[str, int]]:

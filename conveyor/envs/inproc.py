@@ -1,0 +1,194 @@
+"""The ``inproc`` backend: every env stepped one after another in the calling process.
+
+A cheap env (CartPole steps in a few microseconds) costs less than the round
+trip to a worker process: two pipe writes, two wake-ups and the scheduler
+between them, each step. ``InProcessVectorEnv`` runs the same ``EnvWorker``
+the shm workers run (``conveyor.envs.shm_worker``), on ordinary arrays of the
+same layout, so a run steps the same envs with the same seeds, episode
+boundaries, reward normalization and env history as on ``shm``, and its
+seeded parameters are the same bit for bit; a resumed run rebuilds its envs
+the same way, so a run may resume on either backend.
+
+What it gives up, and why ``auto`` (``choose_backend``) picks it only for envs
+that step in microseconds: the envs do not run in parallel with each other
+or with the learner, an env that hangs hangs the run (no
+``--env-step-timeout-s``), and an env that crashes the interpreter takes the
+run with it (no worker restart). An env that raises is reset and counted, as
+on ``shm``, up to ``max_env_errors``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Callable, NamedTuple
+
+import gymnasium as gym
+import numpy as np
+
+from conveyor.config import EnvCfg
+from conveyor.envs.history import EnvHistory
+from conveyor.envs.make import make_env
+from conveyor.envs.shm_worker import (
+    REPLY_ENV_ERROR,
+    EnvWorker,
+    ObsShapeMismatch,
+    WorkerSpec,
+    env_worker_layout,
+)
+from conveyor.envs.vector_api import ObsShapeError, StepResult
+from conveyor.errors import WorkerFailure
+
+
+class InProcessVectorEnv:
+    """``cfg.num_envs`` envs stepped in this process (see the module docstring); the ``VectorEnv`` protocol."""
+
+    def __init__(self, cfg: EnvCfg, seed: int, spaces: tuple[gym.Space, gym.Space], *, gamma: float | None = None,
+                 copy: bool = True, env_state: dict[str, Any] | None = None, env_offset: int = 0) -> None:
+        """``spaces``: the env's (observation, action) spaces, checked by the caller (``make_vector_env``)."""
+        self.cfg = cfg
+        self.num_envs = cfg.num_envs
+        self.copy = copy
+        self.restarts = 0  # nothing to restart: the envs live and die with this process
+        self.single_observation_space, self.single_action_space = spaces
+        layout = env_worker_layout(cfg.num_envs, 1, *spaces)
+        self._arrays = {spec.name: np.zeros(spec.shape, spec.dtype) for spec in layout}
+        self.history = EnvHistory.from_state(env_state) if env_state else EnvHistory(cfg.num_envs)
+        self._replaying = env_state is not None
+        replay = tuple(tuple(plan) for plan in self.history.replay_plan()) if self._replaying else ()
+        spec = WorkerSpec(0, cfg, seed, gamma, 0, cfg.num_envs, tuple(self.history.next_episode.tolist()), replay,
+                          (), -1, -1, -1, env_offset)
+        self._worker = EnvWorker(spec, self._arrays)  # type: ignore[arg-type]
+        self._restarted = np.zeros(cfg.num_envs, bool)  # never set: no worker dies here
+        arrays = self._arrays
+        self._views = StepResult(arrays["obs"], arrays["reward"], arrays["terminated"], arrays["truncated"],
+                                 arrays["final_obs"], arrays["episode_return"], arrays["episode_length"],
+                                 self._restarted)
+        self._actions = arrays["actions"]
+        self._pending = False
+        self._closed = False
+
+    @property
+    def env_errors(self) -> int:
+        """Env exceptions so far (each one reset its env and truncated its episode)."""
+        return int(self._arrays["env_errors"].sum())
+
+    def reset(self) -> np.ndarray:
+        """Reset every env (a resumed run's: replay each to where that run stopped); the first observations."""
+        self._check_open()
+        self._call(self._worker.reset, "resetting")
+        if self._replaying:  # the envs rebuilt the recorded games: the history already holds them
+            self._replaying = False
+        else:
+            self.history.start_games(slice(None))
+        return self._views.obs.copy() if self.copy else self._views.obs
+
+    def step_async(self, actions: Any) -> None:
+        """Take ``actions`` ``[B, *action_shape]``; the envs step in ``step_wait``."""
+        self._check_open()
+        if self._pending:
+            raise RuntimeError("step_async() called twice: call step_wait() before the next step_async()")
+        expected = self._actions.shape
+        if np.shape(actions) != expected:
+            raise ValueError(f"actions have shape {np.shape(actions)}, expected {expected}")
+        self._actions[...] = actions
+        self._pending = True
+
+    def step_wait(self) -> StepResult:
+        """Step every env with the actions of ``step_async``; the ``StepResult``."""
+        if not self._pending:
+            raise RuntimeError("step_wait() called without step_async()")
+        self._pending = False
+        reply = self._call(self._worker.step, "stepping")
+        views = self._views
+        self.history.record(self._actions, views.terminated | views.truncated, self._arrays["new_game"])
+        if reply == REPLY_ENV_ERROR and self.env_errors > self.cfg.max_env_errors:
+            message = self._arrays["message"][0].tobytes().split(b"\0", 1)[0].decode("utf-8", "replace")
+            raise WorkerFailure(f"{self.env_errors} env errors exceed max_env_errors={self.cfg.max_env_errors}; "
+                                f"last one: {message}")
+        if self.copy:
+            return StepResult(*(array.copy() for array in views))
+        return views
+
+    def step(self, actions: Any) -> StepResult:
+        self.step_async(actions)
+        return self.step_wait()
+
+    def close(self) -> None:
+        """Close the envs (idempotent)."""
+        if not self._closed:
+            self._closed = True
+            self._worker.close()
+
+    def __enter__(self) -> InProcessVectorEnv:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("vector env unusable: the vector env is closed")
+
+    def _call(self, command: Callable[[], bytes], action: str) -> bytes:
+        """Run the worker's ``command``; its failures as the shm backend reports its workers' (one line)."""
+        try:
+            return command()
+        except ObsShapeMismatch as error:
+            raise ObsShapeError(str(error)) from None
+        except Exception as error:
+            last = f"{type(error).__name__}: {error}".strip()
+            raise WorkerFailure(f"env {self.cfg.id!r} failed while {action} (in process): {last}") from error
+
+
+def measure_step_us(cfg: EnvCfg, seed: int, *, rounds: int = 5, steps: int = 40, max_s: float = 0.5) -> float:
+    """The wall-clock of one ``step`` of one env of ``cfg`` (resets included), in microseconds: the fastest of
+    ``rounds`` rounds of ``steps`` steps on actions drawn beforehand, after one round of warm-up (an env's first
+    steps run its checks), so that a busy machine's preemptions inflate it less; fewer rounds when they take
+    longer than ``max_s`` (a slow env)."""
+    env = make_env(cfg, seed)
+    try:
+        env.action_space.seed(seed)
+        actions = [env.action_space.sample() for _ in range(steps)]
+        best, began = math.inf, time.perf_counter()
+        for round_ in range(rounds + 1):
+            start = time.perf_counter()
+            for action in actions:
+                _, _, terminated, truncated, _ = env.step(action)
+                if terminated or truncated:
+                    env.reset()
+            if round_:  # round 0 warms up
+                best = min(best, (time.perf_counter() - start) / steps * 1e6)
+            if time.perf_counter() - began > max_s and round_:
+                break
+        return best
+    finally:
+        env.close()
+
+
+SHM_STEP_OVERHEAD_US = 150.0
+"""What a step of the ``shm`` backend costs beyond its envs' own time: the command and reply through each
+worker's pipes, the wake-ups, and the master's share of the cores while it waits (measured on the 2-core CPU:
+``benchmarks/env_backends.py``, BENCHMARKS.md "Env backends")."""
+
+
+class BackendChoice(NamedTuple):
+    """What ``auto`` picked for an env and why (printed at a run's start and kept in its config.json)."""
+
+    backend: str
+    step_us: float
+    """The measured mean step time of one env, microseconds."""
+    reason: str
+
+
+def choose_backend(cfg: EnvCfg, seed: int) -> BackendChoice:
+    """``inproc`` where stepping the envs one after another costs no more than ``shm`` would: the time
+    ``cfg.num_workers`` processes save by stepping in parallel, ``num_envs * step_us * (1 - 1 / num_workers)``,
+    is at most ``SHM_STEP_OVERHEAD_US``; else ``shm``. ``step_us`` is measured on one env (``measure_step_us``)."""
+    step_us = measure_step_us(cfg, seed)
+    workers = cfg.num_workers or 1
+    saved = cfg.num_envs * step_us * (1.0 - 1.0 / workers) if cfg.num_envs else 0.0
+    backend = "inproc" if saved <= SHM_STEP_OVERHEAD_US else "shm"
+    reason = (f"one env steps in {step_us:.1f} us; {workers} worker process(es) would save {saved:.0f} us of each "
+              f"step of {cfg.num_envs} envs and cost about {SHM_STEP_OVERHEAD_US:.0f}")
+    return BackendChoice(backend, step_us, reason)

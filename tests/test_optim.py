@@ -1,0 +1,103 @@
+"""conveyor's RMSProp and Adam against torch.optim's: the same parameters bit for bit after many steps, the same
+state_dict layout both ways, one-line refusals of a state that does not fit, and no torch._dynamo import."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from conveyor import optim
+
+
+def model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 3))
+
+
+PAIRS = {
+    "rmsprop": (lambda p: optim.RMSprop(p, lr=7e-4, alpha=0.99, eps=1e-5),
+                lambda p: torch.optim.RMSprop(p, lr=7e-4, alpha=0.99, eps=1e-5)),
+    "adam": (lambda p: optim.Adam(p, lr=6e-4, eps=1e-3), lambda p: torch.optim.Adam(p, lr=6e-4, eps=1e-3)),
+}
+
+
+def train(net: nn.Module, optimizer, steps: int, seed: int = 1) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        x = torch.randn(32, 4, generator=generator)
+        optimizer.zero_grad(set_to_none=True)
+        net(x).pow(2).mean().backward()
+        optimizer.step()
+
+
+@pytest.mark.parametrize("name", PAIRS)
+def test_steps_match_torch_bit_for_bit(name):
+    ours, theirs = model(), model()
+    make_ours, make_theirs = PAIRS[name]
+    opt_ours, opt_theirs = make_ours(ours.parameters()), make_theirs(theirs.parameters())
+    for lr in (None, 3e-4):  # a schedule's new rate is read at the next step
+        if lr is not None:
+            for opt in (opt_ours, opt_theirs):
+                opt.param_groups[0]["lr"] = lr
+        train(ours, opt_ours, 50)
+        train(theirs, opt_theirs, 50)
+        for a, b in zip(ours.parameters(), theirs.parameters()):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("name", PAIRS)
+def test_state_dicts_load_both_ways_and_continue_alike(name):
+    make_ours, make_theirs = PAIRS[name]
+    first = model()
+    opt = make_theirs(first.parameters())
+    train(first, opt, 20)
+    saved = opt.state_dict()
+    ours_state = make_ours(first.parameters()).state_dict()
+    assert ours_state["param_groups"][0].keys() == saved["param_groups"][0].keys()
+
+    # torch's state into ours, ours back into torch's: both go on as one uninterrupted torch run.
+    reference = model()
+    reference.load_state_dict(first.state_dict())
+    ref_opt = make_theirs(reference.parameters())
+    ref_opt.load_state_dict(saved)
+    resumed = model()
+    resumed.load_state_dict(first.state_dict())
+    ours = make_ours(resumed.parameters())
+    ours.load_state_dict(saved)
+    train(reference, ref_opt, 10, seed=2)
+    train(resumed, ours, 10, seed=2)
+    back = make_theirs(resumed.parameters())
+    back.load_state_dict(ours.state_dict())
+    train(reference, ref_opt, 10, seed=3)
+    train(resumed, back, 10, seed=3)
+    for a, b in zip(reference.parameters(), resumed.parameters()):
+        assert torch.equal(a, b)
+    assert ours.state_dict()["state"][0]["step"].dtype == torch.float32
+
+
+def test_a_state_of_another_model_or_optimizer_is_refused():
+    opt = optim.Adam(model().parameters(), lr=1e-3)
+    small = nn.Linear(4, 3)
+    other = optim.Adam(small.parameters(), lr=1e-3)
+    train(nn.Sequential(small), other, 1)
+    with pytest.raises(ValueError, match="parameter groups sized"):
+        opt.load_state_dict(other.state_dict())
+    rms = optim.RMSprop(model().parameters(), lr=1e-3)
+    net = model()
+    adam = optim.Adam(net.parameters(), lr=1e-3)
+    train(net, adam, 1)
+    with pytest.raises(ValueError, match="lacks square_avg"):
+        rms.load_state_dict(adam.state_dict())
+
+
+def test_a_learner_never_imports_torch_dynamo():
+    code = ("import sys, torch; from torch import nn; from conveyor import optim\n"
+            "net = nn.Linear(3, 2); opt = optim.RMSprop(net.parameters(), lr=1e-3)\n"
+            "net(torch.ones(1, 3)).sum().backward(); opt.step(); opt.zero_grad(); opt.state_dict()\n"
+            "print('torch._dynamo' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          timeout=120).stdout.strip() == "False"
