@@ -266,8 +266,10 @@ def step_targets(model: nn.Module | None, rewards: np.ndarray, terminated: np.nd
     computes it in a fixed-size batch, so a row's value does not depend on which rows were
     cut; SEED's needs each env's recurrent state).
     """
-    reward = to_device(torch.as_tensor(rewards, dtype=torch.float32).clone(), device)  # the caller's array stays
-    discount = gamma * (1.0 - to_device(terminated, device, torch.float32))
+    # In numpy, then one copy each to the device: a few 16-element torch ops cost more than the whole step.
+    # float32 throughout (NumPy 2 keeps a Python float weak), so the numbers are those of the same ops in torch.
+    reward = np.array(rewards, dtype=np.float32)  # a copy: the caller's array stays
+    discount = gamma * (1.0 - np.asarray(terminated, dtype=np.float32))
     cut = np.flatnonzero(truncated & ~terminated)
     if len(cut):
         if final_values is None:
@@ -275,6 +277,6 @@ def step_targets(model: nn.Module | None, rewards: np.ndarray, terminated: np.nd
             final_values = values_of(model, to_device(final_obs[cut], device), rows)
         else:
             final_values = final_values[cut]
-        reward[cut] += gamma * final_values.float()
+        reward[cut] += gamma * final_values.float().cpu().numpy()
         discount[cut] = 0.0
-    return reward, discount
+    return to_device(torch.from_numpy(reward), device), to_device(torch.from_numpy(discount), device)

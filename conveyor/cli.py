@@ -41,6 +41,8 @@ RENAMED_FLAGS = {
     ("algo", "lr"): "--lr",
     ("arch", "name"): "--arch",
 }
+# Second spellings of a flag: --backend is issue 47's name for --env-backend.
+FLAG_ALIASES = {("env", "backend"): ("--backend",)}
 SECTIONS: dict[str, type] = {"env": EnvCfg, "model": ModelCfg, "algo": AlgoCfg, "arch": ArchCfg}
 
 # Subcommands that live in their own modules: name -> (module, help). Each module has
@@ -93,20 +95,21 @@ def _default_text(section: str | None, fld: dataclasses.Field) -> str:
 def _add_field(group: argparse._ArgumentGroup, section: str | None, fld: dataclasses.Field, doc: str,
                hints: dict[str, Any]) -> None:
     flag, dest = _flag(section, fld.name), _dest(section, fld.name)
+    flags = (flag, *FLAG_ALIASES.get((section, fld.name), ()))
     help_text = f"{doc.split(chr(10))[0]} (default: {_default_text(section, fld)})".replace("%", "%%")
     hint = hints[fld.name]
     if _is_preset(section, fld):  # X | None: a flag gives an X; None, its absence, leaves it to the preset
         hint = next(arg for arg in typing.get_args(hint) if arg is not type(None))
     if hint is bool:
-        group.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        group.add_argument(*flags, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=help_text)
     elif fld.name == "env_args":
-        group.add_argument(flag, dest=dest, action="append", type=parse_env_arg, metavar="KEY=VALUE", help=help_text)
+        group.add_argument(*flags, dest=dest, action="append", type=parse_env_arg, metavar="KEY=VALUE", help=help_text)
     elif typing.get_origin(hint) is tuple:
-        group.add_argument(flag, dest=dest, type=_parse_int_tuple, metavar="N,N", help=help_text)
+        group.add_argument(*flags, dest=dest, type=_parse_int_tuple, metavar="N,N", help=help_text)
     elif typing.get_origin(hint) in (typing.Union, types.UnionType):  # target_return: a float, or none
-        group.add_argument(flag, dest=dest, type=_parse_optional_float, metavar="X", help=help_text)
+        group.add_argument(*flags, dest=dest, type=_parse_optional_float, metavar="X", help=help_text)
     else:
-        group.add_argument(flag, dest=dest, type=hint, metavar=fld.name.upper(), help=help_text)
+        group.add_argument(*flags, dest=dest, type=hint, metavar=fld.name.upper(), help=help_text)
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
@@ -182,9 +185,53 @@ def cmd_presets(args: argparse.Namespace) -> int:
     """Without train flags: the preset tables. With them: the run's resolved config, one line per field,
     each value marked explicit, preset(LAYER) or default."""
     given = _given_flags(args)
-    lines = presets.explain_lines(config_from_args(args), set(given)) if given else presets.table_lines()
+    lines = explain_lines(config_from_args(args), set(given)) if given else table_lines()
     print("\n".join(lines))
     return 0
+
+
+def table_lines() -> list[str]:
+    """The preset tables, layer by layer (``conveyor presets``)."""
+    lines = ["# arch -> algorithm when --algo is not given"]
+    lines += [f"  {arch}: {presets.own_algo(arch)}" for arch in presets.ARCH_ALGOS]
+    lines += ["# --preset (IMPACT comparison presets; explicit values that contradict them are refused)"]
+    lines += [f"  {name}: algo.name={algo} " + " ".join(f"arch.{k}={v!r}" for k, v in fixed.items())
+              for name, (fixed, algo) in presets.IMPACT_PRESETS.items()]
+    lines.append("# base: every preset field (the layers below override it, later ones earlier ones)")
+    lines += [f"  {name} = {value!r}" for name, value in presets.BASE.items()]
+    groups: list[tuple[str, dict[Any, dict[str, Any]]]] = [
+        ("algo", presets.ALGO), ("family", presets.FAMILY), ("algo/family", presets.ALGO_FAMILY),
+        ("--preset/family", presets.PRESET_FAMILY)]
+    for title, group in groups:
+        lines.append(f"# {title}")
+        for key, values in group.items():
+            lines.append(f"  {'/'.join(key) if isinstance(key, tuple) else key}:")
+            lines += [f"    {name} = {value!r}" for name, value in values.items()]
+    return lines
+
+
+def explain_lines(cfg: RunCfg, given: set[str]) -> list[str]:
+    """One line per field of ``cfg``: value and origin, ``explicit`` (in ``given``, ``section.field`` names),
+    ``preset(LAYER)`` or ``default`` (the dataclass default)."""
+    sources = cfg.preset_sources
+    family = presets.env_family(cfg.env.id, cfg.env.env_args)
+    lines = [f"# {cfg.arch.name}/{cfg.algo.name} on {cfg.env.id} (family {family})"]
+    for key, value in _all_fields(cfg):
+        origin = f"preset({sources[key]})" if key in sources else "explicit" if key in given else "default"
+        lines.append(f"{key} = {value!r}  {origin}")
+    return lines
+
+
+def _all_fields(cfg: RunCfg) -> list[tuple[str, Any]]:
+    """Every field of ``cfg`` as (``section.field``, or a ``RunCfg`` field's own name, value), in field order."""
+    out = []
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if f.name in presets.SECTIONS:
+            out += [(f"{f.name}.{g.name}", getattr(value, g.name)) for g in dataclasses.fields(value)]
+        else:
+            out.append((f.name, value))
+    return out
 
 
 def _summary_line(summary: dict[str, Any]) -> str:

@@ -35,7 +35,7 @@ from typing import Any
 import conveyor.presets as presets
 from conveyor.errors import ConfigError
 from conveyor.imports import check_ref, is_ref, object_ref
-from conveyor.presets import IMPACT_PRESETS, is_atari_id, is_minatar_id
+from conveyor.presets import ARCH_ALGOS, IMPACT_PRESETS, is_atari_id, is_minatar_id
 
 ARCHS = ("paac", "ga3c", "seed", "impact", "hts")
 ALGOS = ("a2c", "ppo", "vtrace", "impact", "r2d2", "ga3c")
@@ -51,14 +51,8 @@ OPTIMIZERS = ("rmsprop", "adam")
 LR_SCHEDULES = ("constant", "linear")
 IMPACT_RATIOS = ("target", "worker", "impact")
 
-# Which algorithms each architecture can run. A pair outside this table is refused.
-ARCH_ALGOS: dict[str, tuple[str, ...]] = {
-    "paac": ("a2c", "ppo"),
-    "ga3c": ("ga3c", "a2c"),
-    "seed": ("vtrace", "r2d2"),
-    "impact": ("impact", "vtrace"),
-    "hts": ("a2c", "ppo"),
-}
+# ARCH_ALGOS (imported above, from presets.py): which algorithms each architecture can run, its own first (the
+# default of --algo). A pair outside it is refused.
 RECURRENT_ALGOS = ("vtrace", "impact", "r2d2")
 """Algorithms whose architectures carry an LSTM core's state per env while acting (``--lstm-size``)."""
 
@@ -651,15 +645,28 @@ def read_config_file(path: Path | str) -> dict[str, Any]:
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """The docstring under each field of a config dataclass (for --help and the README)."""
-    import ast
-    import inspect
-    import textwrap
+    """The docstring under each field of a config dataclass (for --help and the docs)."""
+    return _module_field_docs(cls.__module__).get(cls.__qualname__, {})
 
-    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    docs: dict[str, str] = {}
-    body = tree.body[0].body  # type: ignore[attr-defined]
-    for node, nxt in zip(body, body[1:]):
-        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
-            docs[node.target.id] = str(nxt.value.value)  # type: ignore[attr-defined]
+
+@functools.lru_cache(maxsize=None)
+def _module_field_docs(module: str) -> dict[str, dict[str, str]]:
+    """Per class of ``module`` (its source parsed once: ``inspect.getsource`` per class took a tenth of a
+    second of every ``conveyor`` command's start), the docstring under each annotated field."""
+    import ast
+    import importlib.util
+
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        return {}
+    with open(spec.origin, encoding="utf-8") as file:
+        tree = ast.parse(file.read())
+    docs: dict[str, dict[str, str]] = {}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            fields = docs[node.name] = {}
+            for field, nxt in zip(node.body, node.body[1:]):
+                if (isinstance(field, ast.AnnAssign) and isinstance(field.target, ast.Name)
+                        and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)):
+                    fields[field.target.id] = str(nxt.value.value)
     return docs

@@ -14,7 +14,7 @@ the first of these layers that names the field, most specific first:
 6. ``BASE``.
 
 The algorithm itself, when not given, is the architecture's own
-(``ARCH_ALGO``) or the one ``--preset`` runs. A value may be a ``Derived``:
+(first in ``ARCH_ALGOS``) or the one ``--preset`` runs. A value may be a ``Derived``:
 computed from the config once every plain value is in (IMPACT's target network:
 ``target_update = buffer_batches * replay_times``). Explicit values, from flags or Python, always
 win, even when they equal the preset's.
@@ -30,17 +30,18 @@ checks): a paper table, a reference configuration (seed_rl, rl-baselines3-zoo
 ``hyperparams/*.yml``, CleanRL), or "tuned here" with the run that chose it.
 ``conveyor presets`` prints these tables; ``conveyor presets --arch A --algo L
 --env E [train flags]`` prints a run's resolved config and where each value
-came from.
+came from (``cli.py`` formats both, beside the command). What a run's sizing asks of the
+machine (CPUs, a GPU, torchrun's ranks) is in ``hosts.py``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import types
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import conveyor.hosts as hosts
 from conveyor.errors import ConfigError
 
 # IMPACT paper comparison presets (`--preset`): the arch fields and the algorithm each one fixes.
@@ -78,65 +79,28 @@ class Derived:
         return self.text
 
 
-def usable_cpus() -> int:
-    """CPUs this process may run on: its affinity mask (a container's or ``taskset``'s share, not the host's)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # no affinity masks (macOS, Windows)
-        return os.cpu_count() or 1
-
-
-def accelerator() -> str:
-    """``cuda`` where torch sees a GPU, else ``cpu``."""
-    import torch  # here, not at import: ``conveyor --help`` and the tables stay fast
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def env_workers(num_envs: int, most: int) -> int:
-    """Worker processes for ``num_envs`` envs: the largest divisor of ``num_envs`` not above ``most`` (so each
-    worker owns as many envs; at least 1)."""
-    return max(d for d in range(1, max(1, min(num_envs, most)) + 1) if num_envs % d == 0)
-
-
-def _launch_size(name: str) -> int:
-    """torchrun's ``WORLD_SIZE`` or ``LOCAL_WORLD_SIZE``: 1 without torchrun (or unreadable: ``DataParallel``
-    refuses that in one line)."""
-    try:
-        return max(1, int(os.environ.get(name, "1")))
-    except ValueError:
-        return 1
-
-
-def _rank_envs(c: Any) -> int:
-    """The envs one process steps on its own workers: under torchrun each rank steps its share of num_envs."""
-    ranks = _launch_size("WORLD_SIZE")
-    return c.env.num_envs // ranks if c.env.num_envs % ranks == 0 else c.env.num_envs
-
-
-def _cpus_per_env_host(c: Any) -> int:
-    """CPUs for the env workers of one env host: torchrun's ranks on this machine, and SEED's local actors, each
-    run their own."""
-    hosts = _launch_size("LOCAL_WORLD_SIZE") * (c.arch.local_actors if c.arch.name == "seed" and c.arch.local_actors
-                                                else 1)
-    return max(2, usable_cpus() // hosts)
-
-
-# The architecture's own algorithm, when --algo is not given.
-ARCH_ALGO: dict[str, str] = {
-    "paac": "a2c",  # source: PAAC paper (Clemente et al. 2017), algorithm 1
-    "ga3c": "ga3c",  # source: GA3C paper (Babaeizadeh et al. 2017), eq. 5
-    "seed": "vtrace",  # source: SEED RL paper (Espeholt et al. 2020), section 3.1
-    "impact": "impact",  # source: IMPACT paper (Luo et al. 2020), section 3
-    "hts": "a2c",  # source: HTS-RL paper (Liu et al. 2020), section 5 (A2C and PPO)
+# Which algorithms each architecture runs (a pair outside this table is refused: ``RunCfg``), its own first: the
+# algorithm when --algo is not given (``own_algo``). The sources cite the architecture's own algorithm.
+ARCH_ALGOS: dict[str, tuple[str, ...]] = {
+    "paac": ("a2c", "ppo"),  # source: PAAC paper (Clemente et al. 2017), algorithm 1
+    "ga3c": ("ga3c", "a2c"),  # source: GA3C paper (Babaeizadeh et al. 2017), eq. 5
+    "seed": ("vtrace", "r2d2"),  # source: SEED RL paper (Espeholt et al. 2020), section 3.1
+    "impact": ("impact", "vtrace"),  # source: IMPACT paper (Luo et al. 2020), section 3
+    "hts": ("a2c", "ppo"),  # source: HTS-RL paper (Liu et al. 2020), section 5 (A2C and PPO)
 }
+
+
+def own_algo(arch: str) -> str:
+    """The architecture's own algorithm: the one a run without --algo runs (first in ``ARCH_ALGOS``)."""
+    return ARCH_ALGOS[arch][0]
+
 
 BASE: dict[str, Any] = {
     "total_steps": 500_000,  # source: tuned here: `conveyor train` solves CartPole-v1 in ~170k steps; 3x headroom
     "env.num_envs": 16,  # source: tuned here: 16 envs on the 2 default workers (README, paac: default job)
     "env.num_workers": Derived("up to 2, a divisor of num_envs (a torchrun rank's share)",  # source: tuned here:
-                               lambda c: env_workers(_rank_envs(c), 2)),  # cheap envs step fastest on 2 workers
-    # (README, the default job)
+                               lambda c: hosts.env_workers(hosts.rank_envs(c), 2)),  # cheap envs step fastest
+    # on 2 workers (README, the default job)
     "device": "cpu",  # source: SB3 docs, PPO: "meant to be run primarily on the CPU" without a CNN policy
     "env.normalize_reward": False,  # source: PAAC, IMPALA, SEED train on raw (clipped) rewards
     "model.name": "auto",  # source: SB3/CleanRL MLP for vectors; Nature CNN for frames (Mnih et al. 2015)
@@ -228,11 +192,11 @@ FAMILY: dict[str, dict[str, Any]] = {
         # here: a Pong fork at 7.21M steps, BENCHMARKS.md "lr decay in the Atari presets" (GA3C, R2D2 keep theirs)
         "env.num_envs": 32,  # source: PAAC section 5.1: n_e = 32
         "env.num_workers": Derived("up to the CPUs (per SEED actor, rank)",  # source: tuned here: Pong steps as
-                                   lambda c: env_workers(_rank_envs(c), _cpus_per_env_host(c))),  # fast as its
-        # env processes: 1,906 SPS on 2 (2-core CPU), 4,280 on 8 and 5,974 with 64 envs on 16 (16-core H200
+                                   lambda c: hosts.env_workers(hosts.rank_envs(c), hosts.cpus_per_env_host(c))),
+        # fast as its env processes: 1,906 SPS on 2 (2-core CPU), 4,280 on 8 and 5,974 with 64 envs on 16 (16-core H200
         # machine); issue 15's cuda Pong runs: 32 envs on 16 workers (BENCHMARKS.md "env limit")
         "device": Derived("cuda where torch sees a GPU",  # source: CleanRL ppo_atari.py --cuda True (the GPU when
-                          lambda c: accelerator()),  # there is one); SB3 device "auto"
+                          lambda c: hosts.accelerator()),  # there is one); SB3 device "auto"
     },
     "classic-continuous": {
         "algo.gamma": 0.9,  # source: rl-zoo ppo.yml Pendulum-v1 gamma 0.9
@@ -520,7 +484,7 @@ def resolve(cfg: Any) -> Resolved:
             raise ConfigError(f"--preset {cfg.arch.preset} sets {key.partition('.')[2]} to {value!r}, but it was "
                               f"given as {values[key]!r}: drop one of the two")
     if algo_name is None:
-        algo_name, sources["algo.name"] = ARCH_ALGO[arch], arch
+        algo_name, sources["algo.name"] = own_algo(arch), arch
     missing = [key for key, value in values.items() if value is None]
     if missing:
         family = env_family(cfg.env.id, cfg.env.env_args)
@@ -582,47 +546,3 @@ def target_sync_warning(cfg: Any) -> str | None:
     return (f"conveyor: warning: {cfg.total_steps:,} env steps make about {updates:,.0f} updates, fewer than "
             f"--target-update {cfg.arch.target_update}: the target network will never sync; lower --target-update "
             "or raise --total-steps")
-
-
-# ---- `conveyor presets` ------------------------------------------------------------------------------------
-
-def table_lines() -> list[str]:
-    """The preset tables, layer by layer (``conveyor presets``)."""
-    lines = ["# arch -> algorithm when --algo is not given"]
-    lines += [f"  {arch}: {algo}" for arch, algo in ARCH_ALGO.items()]
-    lines += ["# --preset (IMPACT comparison presets; explicit values that contradict them are refused)"]
-    lines += [f"  {name}: algo.name={algo} " + " ".join(f"arch.{k}={v!r}" for k, v in fixed.items())
-              for name, (fixed, algo) in IMPACT_PRESETS.items()]
-    lines.append("# base: every preset field (the layers below override it, later ones earlier ones)")
-    lines += [f"  {name} = {value!r}" for name, value in BASE.items()]
-    groups: list[tuple[str, dict[Any, dict[str, Any]]]] = [
-        ("algo", ALGO), ("family", FAMILY), ("algo/family", ALGO_FAMILY), ("--preset/family", PRESET_FAMILY)]
-    for title, group in groups:
-        lines.append(f"# {title}")
-        for key, values in group.items():
-            lines.append(f"  {'/'.join(key) if isinstance(key, tuple) else key}:")
-            lines += [f"    {name} = {value!r}" for name, value in values.items()]
-    return lines
-
-
-def explain_lines(cfg: Any, given: set[str]) -> list[str]:
-    """One line per field of ``cfg``: value and origin, ``explicit`` (in ``given``, ``section.field`` names),
-    ``preset(LAYER)`` or ``default`` (the dataclass default)."""
-    sources = cfg.preset_sources
-    lines = [f"# {cfg.arch.name}/{cfg.algo.name} on {cfg.env.id} (family {env_family(cfg.env.id, cfg.env.env_args)})"]
-    for key, value in _all_fields(cfg):
-        origin = f"preset({sources[key]})" if key in sources else "explicit" if key in given else "default"
-        lines.append(f"{key} = {value!r}  {origin}")
-    return lines
-
-
-def _all_fields(cfg: Any) -> list[tuple[str, Any]]:
-    out = []
-    for f in dataclasses.fields(cfg):
-        value = getattr(cfg, f.name)
-        if f.name in SECTIONS:
-            out += [(f"{f.name}.{g.name}", getattr(value, g.name)) for g in dataclasses.fields(value)]
-        else:
-            out.append((f.name, value))
-    return out
-

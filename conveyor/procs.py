@@ -147,8 +147,8 @@ def child_prologue(spec_type: type | None = None) -> Any:
     decides when its children stop), read the spec ``start_child`` wrote, restore the parent's ``sys.path``
     (so env ids like ``pkg.module:Env-v0`` import the same modules), remember the parent (``parent_gone``)
     and die with it (``die_with_parent``). Returns the spec as a ``spec_type`` NamedTuple (a dataclass field
-    as that dataclass again, ``array_specs`` as ``ArraySpec``s, lists as tuples), or the dict as sent when
-    ``spec_type`` is None."""
+    as that dataclass again, every list as the tuple its field's type says: ``tuple[ArraySpec, ...]`` as
+    ``ArraySpec``s, see ``_from_json``; a plain tuple else), or the dict as sent when ``spec_type`` is None."""
     global _parent_pid
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     data = json.loads(sys.stdin.buffer.read())
@@ -158,13 +158,13 @@ def child_prologue(spec_type: type | None = None) -> Any:
     fields = data["spec"]
     if spec_type is None:
         return fields
+    hints = typing.get_type_hints(spec_type)
     for name, value in fields.items():
         if isinstance(value, dict) and _DATACLASS_KEY in value:
             fields[name] = _dataclass_from_json(value)
-        elif name == "array_specs":
-            fields[name] = array_specs_from_json(value)
         elif isinstance(value, list):
-            fields[name] = tuple(value)
+            value = _from_json(hints.get(name, tuple), value)
+            fields[name] = value if isinstance(value, tuple) else tuple(value)
     return spec_type(**fields)
 
 
@@ -179,7 +179,8 @@ def _dataclass_from_json(sent: dict[str, Any]) -> Any:
 
 def _from_json(hint: Any, value: Any) -> Any:
     """``value`` as JSON gave it, back as the type ``hint`` says: a dataclass from its fields (each by its own
-    hint), a tuple (``tuple[X, ...]``, ``tuple[X, Y]``) from a list; anything else as it is."""
+    hint), a NamedTuple (``ArraySpec``) or a tuple (``tuple[X, ...]``, ``tuple[X, Y]``) from a list; anything else
+    as it is."""
     if dataclasses.is_dataclass(hint) and isinstance(value, dict):
         hints = typing.get_type_hints(hint)
         return hint(**{name: _from_json(hints.get(name, Any), item) for name, item in value.items()})
@@ -187,6 +188,10 @@ def _from_json(hint: Any, value: Any) -> Any:
         if typing.get_origin(hint) in (typing.Union, types.UnionType):  # X | None: the tuple arm, if any
             hint = next((arm for arm in typing.get_args(hint) if arm is tuple or typing.get_origin(arm) is tuple),
                         Any)
+        if isinstance(hint, type) and issubclass(hint, tuple) and hasattr(hint, "_fields"):  # a NamedTuple
+            hints = typing.get_type_hints(hint)
+            items = zip(hint._fields, value, strict=True)
+            return hint(*(_from_json(hints.get(name, Any), item) for name, item in items))
         if hint is tuple or typing.get_origin(hint) is tuple:
             args = typing.get_args(hint)
             if len(args) == 2 and args[1] is Ellipsis:

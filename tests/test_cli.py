@@ -140,6 +140,14 @@ def test_flags_map_to_config_fields():
     assert cfg.target_return is None and cfg.progress is False
 
 
+@pytest.mark.parametrize("flag", ["--env-backend", "--backend"])
+def test_the_env_backend_flag_and_its_alias(flag):
+    assert config_from_args(build_parser().parse_args(["train", flag, "inproc"])).env.backend == "inproc"
+    assert config_from_args(build_parser().parse_args(["train"])).env.backend == "auto"
+    with pytest.raises(ConfigError, match="unknown env backend 'nope': choose one of auto, shm, inproc, envpool"):
+        config_from_args(build_parser().parse_args(["train", flag, "nope"]))
+
+
 def test_resume_uses_the_earlier_config_with_overrides(tmp_path):
     (tmp_path / "config.json").write_text(RunCfg(seed=7, total_steps=100, env=EnvCfg(num_envs=4)).to_json())
     cfg = config_from_args(build_parser().parse_args(["train", "--resume", str(tmp_path), "--total-steps", "200"]))

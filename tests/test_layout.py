@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "conveyor"
 SHARED = ("conveyor.envs", "conveyor.storage", "conveyor.models", "conveyor.returns", "conveyor.losses",
           "conveyor.algos", "conveyor.procs", "conveyor.config", "conveyor.presets", "conveyor.errors",
-          "conveyor.files")
+          "conveyor.hosts", "conveyor.files")
 UPPER = ("conveyor.architectures", "conveyor.run", "conveyor.learner", "conveyor.cli", "conveyor.bench",
          "conveyor.telemetry", "conveyor.tracking", "conveyor.evaluate")
 
@@ -81,3 +81,8 @@ def test_every_child_entry_point_names_an_existing_function():
             found.append((module, function))
             assert callable(getattr(importlib.import_module(module), function, None)), f"{module}.{function}"
     assert len(found) >= 4, found  # env workers, HTS executors, GA3C agents, IMPACT workers
+
+
+def test_host_sizing_imports_nothing_of_conveyors_but_errors():
+    """hosts.py sits at the bottom of layer 1: presets.py sizes runs from it, so it may not import them back."""
+    assert import_graph()["conveyor.hosts"] <= {"conveyor.errors"}

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conveyor import presets
+from conveyor import hosts, presets
 from conveyor.cli import build_parser, config_from_args, main
 from conveyor.config import ARCH_ALGOS, AlgoCfg, ArchCfg, ConfigError, EnvCfg, ModelCfg, RunCfg
 
@@ -55,7 +55,9 @@ def test_table_keys_name_real_fields_families_and_pairs():
     assert all(algo in all_algos and family in presets.FAMILIES for algo, family in presets.ALGO_FAMILY)
     assert all(preset in presets.IMPACT_PRESETS and family in presets.FAMILIES
                for preset, family in presets.PRESET_FAMILY)
-    assert all(presets.ARCH_ALGO[arch] in algos for arch, algos in ARCH_ALGOS.items())
+    assert ARCH_ALGOS is presets.ARCH_ALGOS  # one table: the pairs config.py refuses and the default algorithm
+    assert {arch: presets.own_algo(arch) for arch in ARCH_ALGOS} == {
+        "paac": "a2c", "ga3c": "ga3c", "seed": "vtrace", "impact": "impact", "hts": "a2c"}
 
 
 LAYERS = [  # most specific first: (source name, table, key), for --arch impact --preset appo on CartPole
@@ -209,7 +211,7 @@ def test_every_table_value_cites_its_source():
     """Each entry of every table (a key with a plain or Derived value) carries `# source:` on its line."""
     source = inspect.getsource(presets)
     lines = source.splitlines()
-    tables = {"ARCH_ALGO", "BASE", "ALGO", "FAMILY", "CONTINUOUS_CONTROL", "ALGO_FAMILY", "PRESET_FAMILY"}
+    tables = {"ARCH_ALGOS", "BASE", "ALGO", "FAMILY", "CONTINUOUS_CONTROL", "ALGO_FAMILY", "PRESET_FAMILY"}
     found = set()
     uncited = []
     for node in ast.parse(source).body:
@@ -255,8 +257,8 @@ def test_learner_threads_one_for_small_models_and_by_architecture_for_large_cnns
 
 
 def test_env_workers_are_the_largest_divisor_of_the_envs_up_to_the_bound():
-    assert [presets.env_workers(envs, 2) for envs in (1, 2, 3, 16)] == [1, 2, 1, 2]
-    assert [presets.env_workers(32, most) for most in (1, 2, 6, 16, 64)] == [1, 2, 4, 16, 32]
+    assert [hosts.env_workers(envs, 2) for envs in (1, 2, 3, 16)] == [1, 2, 1, 2]
+    assert [hosts.env_workers(32, most) for most in (1, 2, 6, 16, 64)] == [1, 2, 4, 16, 32]
 
 
 def test_an_odd_env_count_alone_gets_workers_that_divide_it():
@@ -267,8 +269,8 @@ def test_an_odd_env_count_alone_gets_workers_that_divide_it():
 def test_atari_steps_its_envs_on_every_cpu_and_learns_on_the_gpu_where_there_is_one(monkeypatch):
     """On a 16-CPU machine with a GPU, Atari runs spread 32 envs over 16 workers (8 per local SEED actor, which
     each run their own) and learn on cuda; the other families keep 2 workers and the CPU; flags win."""
-    monkeypatch.setattr(presets, "usable_cpus", lambda: 16)
-    monkeypatch.setattr(presets, "accelerator", lambda: "cuda")
+    monkeypatch.setattr(hosts, "usable_cpus", lambda: 16)
+    monkeypatch.setattr(hosts, "accelerator", lambda: "cuda")
     pong = {arch: RunCfg(env=EnvCfg(id="ALE/Pong-v5"), arch=ArchCfg(name=arch)) for arch in ARCH_ALGOS}
     assert {arch: cfg.env.num_workers for arch, cfg in pong.items()} == {
         "paac": 16, "ga3c": 16, "seed": 8, "impact": 16, "hts": 16}
@@ -281,7 +283,7 @@ def test_atari_steps_its_envs_on_every_cpu_and_learns_on_the_gpu_where_there_is_
     explicit = RunCfg(env=EnvCfg(id="ALE/Pong-v5", num_workers=4), device="cpu")
     assert (explicit.env.num_workers, explicit.device) == (4, "cpu")
     assert "env.num_workers" not in explicit.preset_sources and "device" not in explicit.preset_sources
-    monkeypatch.setattr(presets, "usable_cpus", lambda: 1)
+    monkeypatch.setattr(hosts, "usable_cpus", lambda: 1)
     assert RunCfg(env=EnvCfg(id="ALE/Pong-v5")).env.num_workers == 2
 
 
@@ -290,7 +292,7 @@ def test_torchrun_ranks_each_split_their_share_of_the_envs_over_their_share_of_t
     preset splits each half over half the CPUs, and the batch still splits into ranks x workers."""
     from conveyor.distributed import check_config
 
-    monkeypatch.setattr(presets, "usable_cpus", lambda: 16)
+    monkeypatch.setattr(hosts, "usable_cpus", lambda: 16)
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     pong = RunCfg(env=EnvCfg(id="ALE/Pong-v5"), out="run")

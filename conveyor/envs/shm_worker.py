@@ -81,7 +81,7 @@ class WorkerSpec(NamedTuple):
     """Per env, the index of the episode its first ``reset`` starts."""
     replay: tuple
     """Per env, ``history.Replay`` fields to rebuild it at its first ``reset`` (a resumed run), or empty."""
-    array_specs: tuple
+    array_specs: tuple[ArraySpec, ...]
     """``ArraySpec``s of the shared block (its layout)."""
     shm_fd: int
     command_fd: int

@@ -46,17 +46,21 @@ class RolloutStorage:
     def insert(self, t: int, obs: Tensor, actions: Tensor, logp: Tensor, value: Tensor, rewards: Tensor,
                discounts: Tensor, version: int | Tensor, envs: slice = slice(None)) -> None:
         """Step ``t`` of the env columns ``envs`` (all by default; PAAC's env groups write theirs in turn)."""
-        self.obs[t, envs].copy_(obs)
-        self.actions[t, envs].copy_(actions)
-        self.behaviour_logp[t, envs].copy_(logp)
-        self.behaviour_value[t, envs].copy_(value)
-        self.rewards[t, envs].copy_(rewards)
-        self.discounts[t, envs].copy_(discounts)
-        self.valid[t, envs] = True
+        data = self.data
+        # Indexed by t alone where every column is written: it runs at every env step, and a second index
+        # costs as much as the copy.
+        at = t if envs == slice(None) else (t, envs)
+        data["obs"][at].copy_(obs)
+        data["actions"][at].copy_(actions)
+        data["behaviour_logp"][at].copy_(logp)
+        data["behaviour_value"][at].copy_(value)
+        data["rewards"][at].copy_(rewards)
+        data["discounts"][at].copy_(discounts)
+        self.valid[at] = True
         if isinstance(version, Tensor):
-            self.policy_version[t, envs].copy_(version)
+            data["policy_version"][at].copy_(version)
         else:
-            self.policy_version[t, envs].fill_(version)
+            data["policy_version"][at].fill_(version)
 
     def unwrite(self, envs: Tensor) -> None:
         """Put the marker values back into every step of env columns ``envs`` (their data is void)."""

@@ -37,7 +37,7 @@ import numpy as np
 
 from conveyor.config import EnvCfg
 from conveyor.envs.shm_worker import EnvWorker, WorkerSpec, write_message
-from conveyor.storage.shm import SharedArrays
+from conveyor.storage.shm import ArraySpec, SharedArrays
 from conveyor.procs import child_prologue
 
 GO = -1
@@ -80,7 +80,7 @@ class ExecutorSpec(NamedTuple):
     """Play round ``first_round`` at once (a restart joins the round in flight) instead of waiting for GO."""
     sync_interval: int
     uniform_shape: tuple[int, ...]
-    array_specs: tuple
+    array_specs: tuple[ArraySpec, ...]
     shm_fd: int
     ready_fd: int
     """Write end of the shared ready pipe."""
