@@ -32,7 +32,7 @@ from typing import Any, Callable
 from conveyor.bench.report import device_name, publish_results, row_line, update_markdown_section, write_csv, write_results
 from conveyor.bench.suites import SUITES, Suite, learning_suite
 from conveyor.config import ConfigError
-from conveyor.presets import accelerator
+from conveyor.hosts import accelerator
 
 __all__ = ["add_arguments", "device_name", "main", "publish_results", "run_suite", "update_markdown_section", "write_csv"]
 
