@@ -13,7 +13,7 @@ from conveyor.config import AlgoCfg, ArchCfg, EnvCfg, ModelCfg, RunCfg
 ARCHS = {"paac": ArchCfg(name="paac", unroll=8), "hts": ArchCfg(name="hts", num_actors=2, sync_interval=5)}
 
 
-# PPO makes 16 optimizer steps per batch, so fewer batches cover the same checkpoint/resume path. gSDE: each env's
+# PPO makes 8 optimizer steps per batch of 8 x 32 steps, so fewer batches cover the same checkpoint/resume path. gSDE: each env's
 # noise step count (PAAC) or the resumed round count (HTS) is in the checkpoint and places each env's noise.
 # Moved: which worker steps an env changes nothing of its seed, its history or the sampler's draws, so a run
 # continued on a machine with more cores (a CPU run's 2 env workers, a GPU machine's 16) stays exact.

@@ -6,7 +6,9 @@ framework (stable-baselines3 A2C/PPO, Sample Factory APPO; ``peers.py``)
 configured with the same env, model, number of envs and n-steps. Suites:
 ``quick``, ``atari``, ``mujoco``, ``peers`` and ``learning`` (``--quick``:
 its CartPole-only part), which runs each architecture with nothing but its
-presets and holds the returns against thresholds and published numbers.
+presets and holds the returns against thresholds and published numbers, and
+``race`` (``race.py``): wall-clock time from process start to a return
+threshold, conveyor's defaults vs peers with their own tuned settings.
 
 Each run executes in a child process of its own session (``child.py``,
 ``python -m conveyor.bench.child SPEC``). A run that raises, crashes or
@@ -29,12 +31,26 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from conveyor.bench.report import device_name, publish_results, row_line, update_markdown_section, write_csv, write_results
+from conveyor.bench.race import race_suite, write_race_results
+from conveyor.bench.report import (ROW_FIELDS, device_name, publish_results, row_line, update_markdown_section,
+                                   write_csv, write_results)
 from conveyor.bench.suites import SUITES, Suite, learning_suite
-from conveyor.config import ConfigError
+from conveyor.errors import ConfigError
 from conveyor.hosts import accelerator
 
+ALL_SUITES = {**SUITES, "race": race_suite}
+
 __all__ = ["add_arguments", "device_name", "main", "publish_results", "run_suite", "update_markdown_section", "write_csv"]
+
+
+def write_suite_results(suite: Suite, out: Path, rows: list[dict[str, Any]], elapsed_s: float,
+                        markdown: Path | None = None) -> None:
+    """The results folder: ``report.write_results``; for the race, ``results.csv`` and ``race.write_race_results``."""
+    if suite.race_envs:
+        write_csv(out / "results.csv", rows, ROW_FIELDS)
+        write_race_results(suite, out, rows, elapsed_s, markdown=markdown)
+    else:
+        write_results(suite, out, rows, elapsed_s, markdown=markdown)
 
 
 def run_suite(suite: Suite, out_dir: Path | str, *, log: Callable[[str], None] = print,
@@ -55,9 +71,9 @@ def run_suite(suite: Suite, out_dir: Path | str, *, log: Callable[[str], None] =
         row = execute(run, out / "runs" / run.name)
         rows.append(row)
         log(f"    {row_line(row)}")
-        write_results(suite, out, rows, time.perf_counter() - started, markdown=None)
+        write_suite_results(suite, out, rows, time.perf_counter() - started, markdown=None)
     elapsed = time.perf_counter() - started
-    write_results(suite, out, rows, elapsed, markdown=markdown)
+    write_suite_results(suite, out, rows, elapsed, markdown=markdown)
     counts = {status: sum(row["status"] == status for row in rows) for status in ("ok", "failed", "skipped")}
     log(f"suite {suite.name}: {counts['ok']} ok, {counts['failed']} failed, {counts['skipped']} skipped in "
         f"{elapsed:.0f}s; results in {out}")
@@ -79,12 +95,14 @@ def _parse_list(text: str) -> tuple[str, ...]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--suite", required=True, choices=sorted(SUITES), help="which suite to run")
+    parser.add_argument("--suite", required=True, choices=sorted(ALL_SUITES), help="which suite to run")
     parser.add_argument("--quick", action="store_true",
-                        help="with --suite learning: CartPole-v1 only, one seed unless --seeds")
+                        help="with --suite learning: CartPole-v1 only, one seed unless --seeds; with --suite race: "
+                             "CartPole-v1 and Acrobot-v1, seed 0, a 15 s cap per run")
+    parser.add_argument("--full", action="store_true", help="with --suite race: Pong too (hours per run on a CPU)")
     parser.add_argument("--out", type=Path, default=None, help="results folder (default: bench-results/SUITE)")
     parser.add_argument("--seeds", type=_parse_seeds, default=None, metavar="N,N",
-                        help="seeds (default: 0; learning: 1,2,3, with --quick 1)")
+                        help="seeds (default: 0; learning: 1,2,3, with --quick 1; race: 0,1,2, with --quick 0)")
     parser.add_argument("--only", type=_parse_list, default=(), metavar="TEXT,TEXT",
                         help="run only the runs whose name contains one of these (e.g. paac,hts)")
     parser.add_argument("--envs", type=_parse_list, default=(), metavar="TEXT,TEXT",
@@ -101,17 +119,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def select_suite(args: argparse.Namespace) -> Suite:
-    if args.suite != "learning" and (args.quick or args.budget_scale != 1.0):
-        raise ConfigError("--quick and --budget-scale belong to the learning suite: use them with --suite learning")
+    if (args.suite not in ("learning", "race") and args.quick) or (args.suite != "learning"
+                                                                 and args.budget_scale != 1.0):
+        raise ConfigError("--quick and --budget-scale belong to the learning suite (--quick to the race suite too): "
+                          "use them with --suite learning")
+    if args.suite != "race" and args.full:
+        raise ConfigError("--full belongs to the race suite: use it with --suite race")
+    if args.suite == "race" and args.device:
+        raise ConfigError("--device does not apply to the race: every contender runs with its own defaults")
     if args.suite == "learning":
         suite = learning_suite(args.seeds, quick=args.quick, budget_scale=args.budget_scale,
                                device=args.device or accelerator())
+    elif args.suite == "race":
+        suite = race_suite(args.seeds, quick=args.quick, full=args.full)
     else:
         suite = SUITES[args.suite](args.seeds or (0,))
     runs = suite.runs
     filters = [("--only", args.only, lambda run, part: part in run.name),
                ("--envs", args.envs, lambda run, part: part.lower() in run.cfg.env.id.lower()),
-               ("--archs", args.archs, lambda run, part: part == run.cfg.arch.name)]
+               ("--archs", args.archs, lambda run, part: part == run.arch_label)]
     for flag, wanted, matches in filters:
         if wanted:
             runs = tuple(run for run in runs if any(matches(run, part) for part in wanted))
@@ -121,7 +147,8 @@ def select_suite(args: argparse.Namespace) -> Suite:
         runs = tuple(dataclasses.replace(run, cfg=dataclasses.replace(run.cfg, device=args.device)) for run in runs)
     envs = {run.cfg.env.id for run in runs}
     return dataclasses.replace(suite, runs=runs,
-                               learning_envs=tuple(env for env in suite.learning_envs if env.id in envs))
+                               learning_envs=tuple(env for env in suite.learning_envs if env.id in envs),
+                               race_envs=tuple(env for env in suite.race_envs if env.id in envs))
 
 
 def main(args: argparse.Namespace) -> int:

@@ -28,8 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.bench.report import result_row
-from conveyor.bench.suites import BenchRun
-from conveyor.config import ConfigError, RunCfg
+from conveyor.bench.suites import BenchRun, PeerUnavailable
+from conveyor.config import RunCfg
+from conveyor.errors import ConfigError
 from conveyor.procs import die_with_parent
 
 CHILD_MODULE = "conveyor.bench.child"
@@ -54,11 +55,14 @@ def execute(run: BenchRun, run_dir: Path) -> dict[str, Any]:
     cfg = dataclasses.replace(run.cfg, out=str(run_dir))
     spec = {"name": run.name, "framework": run.framework, "eval_episodes": run.eval_episodes,
             "eval_env_args": [list(pair) for pair in run.eval_env_args], "eval_checkpoints": list(run.eval_checkpoints),
-            "config": cfg.to_dict()}
-    (run_dir / SPEC_FILE).write_text(json.dumps(spec, indent=2, default=str))
+            "config": cfg.to_dict(), "algo": run.algo_label or cfg.algo.name,
+            "race": dataclasses.asdict(run.race) if run.race else None}
     started = time.perf_counter()
     timed_out = False
     with open(run_dir / "bench.log", "w") as log_file:
+        # The race's clock starts here: Python's start-up and imports count (race.py).
+        spec["spawned_unix"] = time.time()
+        (run_dir / SPEC_FILE).write_text(json.dumps(spec, indent=2, default=str))
         child = subprocess.Popen([sys.executable, "-m", CHILD_MODULE, str(run_dir / SPEC_FILE)],
                                  stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  start_new_session=True, env={**os.environ, PARENT_PID_ENV: str(os.getpid())})
@@ -133,8 +137,6 @@ def one_line(error: BaseException) -> str:
 # ---- the child side ------------------------------------------------------------------------------
 def child_main(spec_path: Path) -> int:
     """Train and evaluate the run described by ``spec_path``; writes ``outcome.json`` beside it."""
-    from conveyor.bench.peers import PeerUnavailable, run_sample_factory, run_sb3
-
     run_dir = spec_path.parent
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the bench parent decides when a run stops (SIGTERM)
     if PARENT_PID_ENV in os.environ:  # a parent killed by SIGTERM or SIGKILL cannot stop us: the kernel does
@@ -143,7 +145,11 @@ def child_main(spec_path: Path) -> int:
         spec = json.loads(spec_path.read_text())
         cfg = RunCfg.from_dict(spec["config"])
         framework, episodes = spec["framework"], int(spec["eval_episodes"])
-        if framework == "conveyor":
+        if spec.get("race"):
+            from conveyor.bench.race import race_child
+
+            race_child(spec, cfg, run_dir)
+        elif framework == "conveyor":
             from conveyor import train
             from conveyor.evaluate import evaluate_run
 
@@ -152,8 +158,14 @@ def child_main(spec_path: Path) -> int:
                 env_args = tuple((key, value) for key, value in spec["eval_env_args"])
                 evaluate_run(run_dir, episodes=episodes, env_args=env_args, checkpoints=spec["eval_checkpoints"])
         elif framework == "sb3":
+            from conveyor.bench.peers import run_sb3
+
             run_sb3(cfg, run_dir, episodes)
+        elif framework == "cleanrl":
+            raise PeerUnavailable("the cleanrl peer runs in the race suite only")
         else:
+            from conveyor.bench.peers import run_sample_factory
+
             run_sample_factory(cfg, run_dir, episodes)
     except PeerUnavailable as error:
         _write_outcome(run_dir, "skipped", str(error))

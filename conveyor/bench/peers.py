@@ -29,7 +29,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from conveyor.config import ConfigError, RunCfg
+from conveyor.bench.suites import PeerUnavailable
+from conveyor.config import RunCfg
+from conveyor.errors import ConfigError
 from conveyor.telemetry import Telemetry
 
 try:
@@ -40,10 +42,6 @@ try:
 except ImportError:  # the classes below are then never built: run_sb3 stops first
     sb3 = None
     BaseCallback = BaseFeaturesExtractor = VecEnvWrapper = object  # type: ignore[assignment,misc]
-
-
-class PeerUnavailable(RuntimeError):
-    """A peer framework that is not installed; the run is recorded as skipped."""
 
 
 def run_sample_factory(cfg: RunCfg, run_dir: Path, eval_episodes: int) -> None:

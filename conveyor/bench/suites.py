@@ -9,7 +9,8 @@ for IMPACT's comparison presets), so the presets decide everything else; its
 report measures return against each env's threshold (``LEARNING_ENVS``) and
 quotes published numbers (``REFERENCES``); where those were played in another
 protocol than training's env (Pong: no sticky actions), each run's final
-policy is evaluated in it too.
+policy is evaluated in it too. ``race`` (``race.py``) races every contender
+to a return threshold against the clock.
 """
 
 from __future__ import annotations
@@ -18,19 +19,50 @@ import argparse
 import dataclasses
 import functools
 import importlib.util
+import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from conveyor.config import AlgoCfg, ArchCfg, ConfigError, EnvCfg, ModelCfg, RunCfg
+from conveyor.config import AlgoCfg, ArchCfg, EnvCfg, ModelCfg, RunCfg
+from conveyor.errors import ConfigError
 from conveyor.envs import STEP_TIME_ID
 
-FRAMEWORKS = ("conveyor", "sb3", "sample-factory")
+FRAMEWORKS = ("conveyor", "sb3", "sample-factory", "cleanrl")
 # The algorithm each architecture runs in the suites (discrete actions / continuous actions).
 ARCH_ALGOS = {"paac": "a2c", "ga3c": "ga3c", "seed": "vtrace", "impact": "impact", "hts": "a2c"}
 ARCH_ALGOS_CONTINUOUS = {"paac": "ppo", "ga3c": "a2c", "seed": "vtrace", "impact": "impact", "hts": "ppo"}
 START_AND_EVAL_GRACE_S = 240.0
 """Seconds a child gets beyond its training time limit, for start-up and evaluation."""
+
+
+class PeerUnavailable(RuntimeError):
+    """A peer framework that is not installed; the run is recorded as skipped (raised by ``peers.py``,
+    ``zoo.py`` and ``external.py`` in a run's child; here so the child needs none of them to catch it)."""
+
+
+@dataclass(frozen=True)
+class RaceGoal:
+    """What a race run (``conveyor bench --suite race``, ``race.py``) runs for: the mean return of the last 100
+    training episodes at which it stops, and its caps, counted from the moment its process is spawned."""
+
+    threshold: float
+    max_steps: int
+    time_limit_s: float
+
+
+RACE_WINDOW = 100
+"""Episodes in the mean that must reach a race's threshold (as ``conveyor train --target-return``)."""
+RACE_CLOCK_FILE = "race_clock.json"
+
+
+def write_race_clock(run_dir: Path, spawned_unix: float, run_start_unix: float | None) -> None:
+    """A race run's ``race_clock.json`` (written by its child): when its process was spawned and when the run's
+    own clock (``returns.csv``'s wall times) started, both unix time; None when the run never started."""
+    clock = {"spawned_unix": spawned_unix, "run_start_unix": run_start_unix,
+             "startup_s": None if run_start_unix is None else run_start_unix - spawned_unix}
+    (run_dir / RACE_CLOCK_FILE).write_text(json.dumps(clock, indent=2))
 
 
 @dataclass(frozen=True)
@@ -52,6 +84,8 @@ class BenchRun:
     """The ``conveyor train`` flags ``cfg`` was built from (learning runs), for ``--list`` and the report."""
     skip_reason: str = ""
     """Why the run cannot start here (its env's package is missing); it becomes a ``skipped`` row."""
+    race: RaceGoal | None = None
+    """A race run: it stops at the goal's threshold, and its child records its clock (``race.py``)."""
 
     def __post_init__(self) -> None:
         if self.framework not in FRAMEWORKS:
@@ -114,6 +148,8 @@ class Suite:
     runs: tuple[BenchRun, ...]
     learning_envs: tuple[LearningEnv, ...] = ()
     """For the learning suite: the envs its report measures against their thresholds."""
+    race_envs: tuple[Any, ...] = ()
+    """For the race suite: its ``race.RaceEnv``s (threshold and caps per env)."""
 
 
 def run_name(framework: str, arch: str, algo: str, env_id: str, seed: int) -> str:
@@ -332,3 +368,4 @@ SUITES: dict[str, Callable[[Sequence[int]], Suite]] = {
     "quick": quick_suite, "atari": atari_suite, "mujoco": mujoco_suite, "peers": peers_suite,
     "learning": learning_suite,
 }
+"""The fixed-budget and learning suites; ``conveyor bench`` adds ``race`` (``race.py``)."""

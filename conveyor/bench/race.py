@@ -1,0 +1,520 @@
+"""``conveyor bench --suite race``: wall-clock time from process start to a return threshold.
+
+Every contender races on each env (``RACE_ENVS``) until the mean return of
+its last 100 training episodes reaches the env's threshold, counting only
+once 100 episodes exist (as ``conveyor train --target-return`` stops), or
+until a cap (env steps, wall time). Contenders, each with its own defaults or
+published tuned settings and nothing else:
+
+* every conveyor architecture/algorithm that applies to the env
+  (``CONVEYOR_CONTENDERS``; GA3C and R2D2 on discrete actions only), built
+  from ``--arch/--algo/--env/--seed`` alone, so the presets choose the rest;
+  the race adds only its threshold as ``target_return``, its time cap as
+  ``time_limit_s`` and, where the preset's ``total_steps`` is above the step
+  cap, the cap;
+* stable-baselines3 A2C, PPO and DQN with rl-baselines3-zoo's
+  hyperparameters for the env (``zoo.py``), where rl-zoo has them;
+* Sample Factory APPO and CleanRL PPO in virtual environments of their own
+  (``external.py``; ``make peers``), or ``skipped`` rows saying why.
+
+The clock. ``child.execute`` stamps ``spawned_unix`` (``time.time()``) into
+the run's spec just before it spawns the child, so Python's start-up and
+imports count. The child records when its run's own clock started
+(``race_clock.json``: ``run_start_unix``; for conveyor runs the first
+``Telemetry`` the run creates, for the peers the one their runner creates).
+Each finished episode in ``returns.csv`` carries its wall time on the run's
+clock; the race time of an episode is ``run_start_unix - spawned_unix``
+(``startup_s``) plus that wall time. A run that crossed the threshold within
+both caps ``reached`` it; any other is ``capped`` (its race time is the time
+cap, drawn hatched). Over seeds: the median (censored: a seed that did not
+reach counts as infinitely slow, so the median is "not reached" unless over
+half the seeds reached), min and max.
+
+Results (``write_race_results``): ``race.csv`` (every run), ``race_summary.csv``
+(every env and contender over seeds), ``results.md`` (a table per env) and
+``race_<env>.png`` (time to threshold, log scale, min-max whiskers).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.util
+import json
+import math
+import os
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+from conveyor.bench.suites import RACE_CLOCK_FILE as CLOCK_FILE
+from conveyor.bench.suites import RACE_WINDOW as WINDOW
+from conveyor.bench.suites import BenchRun, PeerUnavailable, RaceGoal, Suite, run_name, train_config
+from conveyor.bench.suites import write_race_clock as write_clock
+from conveyor.errors import ConfigError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from conveyor.config import RunCfg
+
+HOUR = 3600.0
+RACE_CSV, SUMMARY_CSV = "race.csv", "race_summary.csv"
+DEFAULT_SEEDS = (0, 1, 2)
+
+
+@dataclass(frozen=True)
+class RaceEnv:
+    """An env of the race: the threshold of the last-100 mean return, the caps, the package it needs."""
+
+    id: str
+    threshold: float
+    max_steps: int
+    time_limit_s: float
+    package: str = ""
+    full_only: bool = False
+    """Only in ``--full`` (Pong: hours per run on a CPU)."""
+
+    def goal(self) -> RaceGoal:
+        return RaceGoal(self.threshold, self.max_steps, self.time_limit_s)
+
+
+RACE_ENVS = (
+    RaceEnv("CartPole-v1", 475.0, 500_000, 600.0),
+    RaceEnv("Acrobot-v1", -100.0, 1_000_000, 900.0),
+    RaceEnv("Pendulum-v1", -250.0, 1_000_000, 1800.0),
+    RaceEnv("MinAtar/Breakout-v1", 10.0, 5_000_000, 2 * HOUR, package="minatar"),
+    RaceEnv("MinAtar/SpaceInvaders-v1", 50.0, 5_000_000, 2 * HOUR, package="minatar"),
+    RaceEnv("ALE/Pong-v5", 0.0, 10_000_000, 6 * HOUR, package="ale_py", full_only=True),
+)
+QUICK_ENVS = ("CartPole-v1", "Acrobot-v1")
+QUICK_TIME_LIMIT_S = 15.0
+"""``--quick``: each run's time cap (CartPole and Acrobot, one seed, every contender: under 10 minutes on 2
+cores, start-ups included); most contenders do not reach the thresholds that fast, and the chart says so."""
+
+CONVEYOR_CONTENDERS = (("paac", "a2c"), ("paac", "ppo"), ("hts", "a2c"), ("hts", "ppo"), ("ga3c", "ga3c"),
+                       ("seed", "vtrace"), ("seed", "r2d2"), ("impact", "impact"))
+SB3_ALGOS = ("a2c", "ppo", "dqn")
+DISCRETE_ONLY_ALGOS = ("ga3c", "r2d2", "dqn")
+
+
+# ---- the suite -----------------------------------------------------------------------------------------
+def is_continuous(env_id: str) -> bool:
+    from conveyor.presets import env_family
+
+    return env_family(env_id) in ("classic-continuous", "mujoco")
+
+
+def conveyor_race_config(arch: str, algo: str, env: RaceEnv, seed: int) -> tuple[RunCfg, tuple[str, ...]]:
+    """A conveyor contender's config and the ``conveyor train`` flags it came from: only arch, algo, env and
+    seed (``--total-steps`` too where the preset's is above the env's step cap), the presets pick the rest."""
+    flags: tuple[str, ...] = ("--arch", arch, "--algo", algo, "--env", env.id, "--seed", str(seed))
+    cfg = train_config(flags)
+    if cfg.total_steps > env.max_steps:
+        flags += ("--total-steps", str(env.max_steps))
+        cfg = train_config(flags)
+    return dataclasses.replace(cfg, target_return=env.threshold, time_limit_s=env.time_limit_s, progress=False), flags
+
+
+def _carrier(env: RaceEnv, seed: int) -> RunCfg:
+    """A peer run's config: it carries only the env, seed and caps (the peer's own settings are its recipe's)."""
+    from conveyor.config import EnvCfg, RunCfg
+
+    return RunCfg(env=EnvCfg(id=env.id), seed=seed, total_steps=env.max_steps, time_limit_s=env.time_limit_s,
+                  target_return=env.threshold, progress=False)
+
+
+@functools.cache
+def sb3_skip_reason(algo: str, env_id: str) -> str:
+    """Why SB3 ``algo`` with rl-zoo's settings cannot race on ``env_id`` here ("" when it can)."""
+    from conveyor.bench.zoo import SB3_NOT_INSTALLED, zoo_entry, zoo_version
+
+    if importlib.util.find_spec("stable_baselines3") is None:
+        return SB3_NOT_INSTALLED
+    try:
+        found = zoo_entry(algo, env_id)
+    except PeerUnavailable as error:
+        return str(error)
+    return "" if found else f"rl-zoo {zoo_version()} has no {algo} entry for {env_id}, nor an atari one"
+
+
+def race_envs(quick: bool = False, full: bool = False) -> tuple[RaceEnv, ...]:
+    if quick and full:
+        raise ConfigError("--quick and --full exclude each other")
+    if quick:
+        return tuple(dataclasses.replace(env, time_limit_s=QUICK_TIME_LIMIT_S) for env in RACE_ENVS
+                     if env.id in QUICK_ENVS)
+    return tuple(env for env in RACE_ENVS if full or not env.full_only)
+
+
+def race_suite(seeds: Sequence[int] | None = None, *, quick: bool = False, full: bool = False,
+               envs: Sequence[RaceEnv] | None = None) -> Suite:
+    """The race: every contender on every env of ``race_envs(quick, full)`` (or ``envs``), for each seed
+    (default 0, 1, 2; ``quick``: 0)."""
+    from conveyor.bench.external import PEERS, skip_reason
+
+    seeds = tuple(seeds or ((0,) if quick else DEFAULT_SEEDS))
+    envs = tuple(envs) if envs is not None else race_envs(quick, full)
+    runs: list[BenchRun] = []
+    for env in envs:
+        missing = env.package and importlib.util.find_spec(env.package) is None
+        env_skip = f"{env.package} is not installed (pip install {env.package})" if missing else ""
+        continuous = is_continuous(env.id)
+        for arch, algo in CONVEYOR_CONTENDERS:
+            if continuous and algo in DISCRETE_ONLY_ALGOS:
+                continue
+            for seed in seeds:
+                cfg, flags = conveyor_race_config(arch, algo, env, seed)
+                runs.append(BenchRun(run_name("conveyor", arch, algo, env.id, seed), cfg, eval_episodes=0,
+                                     flags=flags, skip_reason=env_skip, race=env.goal()))
+        for algo in SB3_ALGOS:
+            if continuous and algo in DISCRETE_ONLY_ALGOS:
+                continue
+            skip = env_skip or sb3_skip_reason(algo, env.id)
+            for seed in seeds:
+                runs.append(BenchRun(run_name("sb3", "", algo, env.id, seed), _carrier(env, seed), framework="sb3",
+                                     eval_episodes=0, algo_label=algo, skip_reason=skip, race=env.goal()))
+        for framework, algo in PEERS:
+            skip = env_skip or skip_reason(framework, env.id)
+            for seed in seeds:
+                runs.append(BenchRun(run_name(framework, "", algo, env.id, seed), _carrier(env, seed),
+                                     framework=framework, eval_episodes=0, algo_label=algo, skip_reason=skip,
+                                     race=env.goal()))
+    name = "race-quick" if quick else "race-full" if full else "race"
+    scope = ", ".join(f"{env.id} {env.threshold:g}" for env in envs)
+    return Suite(name, f"wall-clock time from process start until the mean return of the last {WINDOW} training "
+                 f"episodes reaches the threshold ({scope}); conveyor's defaults vs stable-baselines3 with "
+                 "rl-zoo's tuned settings, Sample Factory APPO and CleanRL PPO; seeds "
+                 f"{','.join(map(str, seeds))}", tuple(runs), race_envs=envs)
+
+
+# ---- the child side --------------------------------------------------------------------------------------
+def run_conveyor(cfg: RunCfg, run_dir: Path, goal: RaceGoal, spawned_unix: float) -> None:
+    """``conveyor.train(cfg)``, recording when the run's clock started: the first ``Telemetry`` created in this
+    process is the run's (``Run.__init__``); its ``start_time`` is on ``perf_counter``'s clock, turned into
+    unix time here. The time cap left after start-up becomes the run's ``time_limit_s``."""
+    from conveyor import train
+    from conveyor.telemetry import Telemetry
+
+    starts: list[float] = []
+    original = Telemetry.__init__
+
+    def recording_init(self: Telemetry, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        if not starts:
+            starts.append(time.time() - (time.perf_counter() - self.start_time))
+
+    Telemetry.__init__ = recording_init  # type: ignore[method-assign]
+    try:
+        left = goal.time_limit_s - (time.time() - spawned_unix)
+        train(dataclasses.replace(cfg, time_limit_s=max(1.0, left)))
+    finally:
+        Telemetry.__init__ = original  # type: ignore[method-assign]
+        write_clock(run_dir, spawned_unix, starts[0] if starts else None)
+
+
+def race_child(spec: dict[str, Any], cfg: RunCfg, run_dir: Path) -> None:
+    """A race run in its child (``child.child_main``): the contender until the goal or a cap, then its clock."""
+    goal = RaceGoal(**spec["race"])
+    spawned = float(spec["spawned_unix"])
+    framework, algo = spec["framework"], spec["algo"]
+    if framework == "conveyor":
+        run_conveyor(cfg, run_dir, goal, spawned)
+        return
+    if framework == "sb3":
+        from conveyor.bench.zoo import run_zoo
+
+        run_zoo(algo, cfg, run_dir, goal, spawned)  # writes its own clock
+        return
+    from conveyor.bench.external import run_external
+
+    run_external(framework, algo, cfg, run_dir, goal, spawned)  # writes its own clock
+
+
+# ---- bookkeeping -----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Crossing:
+    """Where a run stands in the race: ``reached`` the threshold within both caps at ``time_s`` from spawn
+    (``steps`` env steps), or capped (``time_s`` and ``steps`` None)."""
+
+    reached: bool
+    time_s: float | None
+    steps: float | None
+    run_time_s: float | None = None
+    """The crossing on the run's own clock (whether or not within the caps)."""
+
+
+def race_crossing(curve: np.ndarray, threshold: float, startup_s: float, goal: RaceGoal,
+                  window: int = WINDOW) -> Crossing:
+    """The race result of a ``returns.csv`` curve (``[episodes, 3]``: env steps, run wall time, return) whose
+    run clock started ``startup_s`` after its process was spawned: the first episode at which the mean of the
+    last ``window`` returns reached ``threshold`` (only once ``window`` episodes exist), if within the caps."""
+    from conveyor.bench.report import threshold_crossing
+
+    found = threshold_crossing(curve, threshold, window)
+    if found is None:
+        return Crossing(False, None, None)
+    steps, run_time = found
+    race_time = startup_s + run_time
+    if race_time > goal.time_limit_s or steps > goal.max_steps:
+        return Crossing(False, None, None, run_time)
+    return Crossing(True, race_time, steps, run_time)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def contender_label(row: dict[str, Any]) -> str:
+    """``arch/algo`` for conveyor runs, ``framework algo`` for the peers (``sb3/ppo``, ...)."""
+    return f"{row['arch']}/{row['algo']}"
+
+
+def race_row(row: dict[str, Any], goal: RaceGoal) -> dict[str, Any]:
+    """A bench results row (``report.result_row``) with its race result: reached, time and steps to the
+    threshold from spawn, start-up, and how the run ended."""
+    from conveyor.returns_file import read_returns
+
+    run_dir = Path(row["run_dir"])
+    clock = _read_json(run_dir / CLOCK_FILE)
+    summary = _read_json(run_dir / "summary.json")
+    startup = clock.get("startup_s")
+    crossing = Crossing(False, None, None)
+    if startup is not None and row["status"] == "ok":
+        try:
+            crossing = race_crossing(read_returns(run_dir / "returns.csv"), goal.threshold, float(startup), goal)
+        except ValueError:
+            pass
+    return {
+        "env": row["env"], "contender": contender_label(row), "framework": row["framework"], "seed": row["seed"],
+        "status": row["status"], "error": row["error"], "threshold": goal.threshold,
+        "cap_time_s": goal.time_limit_s, "cap_steps": goal.max_steps, "reached": crossing.reached,
+        "capped": row["status"] == "ok" and not crossing.reached, "time_to_threshold_s": crossing.time_s,
+        "steps_to_threshold": crossing.steps, "startup_s": startup, "run_time_at_crossing_s": crossing.run_time_s,
+        "env_steps": row["env_steps"], "run_wall_time_s": row["wall_time_s"],
+        "return_mean_last100": row["return_mean_last100"], "stop_reason": row["stop_reason"],
+        "settings": summary.get("recipe") or "", "run_dir": row["run_dir"],
+    }
+
+
+RACE_FIELDS = ("env", "contender", "framework", "seed", "status", "error", "threshold", "cap_time_s", "cap_steps",
+               "reached", "capped", "time_to_threshold_s", "steps_to_threshold", "startup_s",
+               "run_time_at_crossing_s", "env_steps", "run_wall_time_s", "return_mean_last100", "stop_reason",
+               "settings", "run_dir")
+SUMMARY_FIELDS = ("env", "contender", "framework", "settings", "seeds", "seeds_ok", "seeds_reached", "threshold",
+                  "cap_time_s", "cap_steps", "time_median_s", "time_min_s", "time_max_s", "steps_median",
+                  "steps_min", "steps_max", "startup_median_s", "stop_steps_median", "return_median_last100",
+                  "notes")
+
+
+def _finite(value: Any) -> bool:
+    try:
+        return value is not None and math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def censored_stats(values: Sequence[float | None]) -> tuple[float, float, float] | None:
+    """Median, min and max over seeds, a seed that did not reach (None) counting as infinitely slow: the
+    median is finite only when more than half the seeds reached; None without seeds."""
+    import numpy as np
+
+    if not values:
+        return None
+    array = np.array([math.inf if value is None else float(value) for value in values])
+    return float(np.median(array)), float(array.min()), float(array.max())
+
+
+def summarize(rows: Sequence[dict[str, Any]], settings: dict[tuple[str, str], str]) -> list[dict[str, Any]]:
+    """One line per (env, contender) over its seeds, in the rows' order. Seeds that failed or were skipped
+    are left out of the statistics and named in ``notes``."""
+    import numpy as np
+
+    results = []
+    for key in dict.fromkeys((row["env"], row["contender"]) for row in rows):
+        group = [row for row in rows if (row["env"], row["contender"]) == key]
+        ok = [row for row in group if row["status"] == "ok"]
+        times = censored_stats([row["time_to_threshold_s"] for row in ok])
+        steps = censored_stats([row["steps_to_threshold"] for row in ok])
+        startups = [row["startup_s"] for row in ok if row["startup_s"] is not None]
+        finals = [row["return_mean_last100"] for row in ok if _finite(row["return_mean_last100"])]
+        stop_steps = [row["env_steps"] for row in ok if _finite(row["env_steps"])]
+        notes = sorted({f"{row['status']}: {row['error']}" for row in group if row["status"] != "ok"})
+        first = group[0]
+        results.append({
+            "env": key[0], "contender": key[1], "framework": first["framework"],
+            "settings": settings.get(key) or first["settings"], "seeds": len(group), "seeds_ok": len(ok),
+            "seeds_reached": sum(bool(row["reached"]) for row in ok), "threshold": first["threshold"],
+            "cap_time_s": first["cap_time_s"], "cap_steps": first["cap_steps"],
+            "time_median_s": times and times[0], "time_min_s": times and times[1], "time_max_s": times and times[2],
+            "steps_median": steps and steps[0], "steps_min": steps and steps[1], "steps_max": steps and steps[2],
+            "startup_median_s": float(np.median(startups)) if startups else None,
+            "stop_steps_median": float(np.median(stop_steps)) if stop_steps else None,
+            "return_median_last100": float(np.median(finals)) if finals else None, "notes": "; ".join(notes),
+        })
+    return results
+
+
+# ---- the report -------------------------------------------------------------------------------------------
+def _settings(suite: Suite) -> dict[tuple[str, str], str]:
+    """What each contender ran with, for the table (peers' recipes come from their runs' summaries)."""
+    settings: dict[tuple[str, str], str] = {}
+    for run in suite.runs:
+        label = f"{run.arch_label}/{run.algo_label or run.cfg.algo.name}"
+        if run.framework == "conveyor" and run.flags:
+            flags = list(run.flags)
+            seed_at = flags.index("--seed")
+            del flags[seed_at: seed_at + 2]
+            settings[(run.cfg.env.id, label)] = f"`conveyor train {' '.join(flags)}` (presets)"
+    return settings
+
+
+def _time(value: float | None, cap: float, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    return f"> {cap:,.0f} s" if math.isinf(value) else f"{value:,.{digits}f} s"
+
+
+def _steps(value: float | None) -> str:
+    """Env steps to the threshold; a seed that did not reach has none ("-")."""
+    return "-" if value is None or math.isinf(value) else f"{value:,.0f}"
+
+
+def _cell(text: str, limit: int = 220) -> str:
+    text = str(text).replace("|", "/").replace("\n", " ")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def race_table(env: RaceEnv, results: Sequence[dict[str, Any]]) -> list[str]:
+    """An env's markdown table, fastest median first; capped and skipped contenders below, saying so."""
+    rank = sorted(results, key=lambda r: (r["seeds_ok"] == 0, r["time_median_s"] is None,
+                                          r["time_median_s"] if r["time_median_s"] is not None else 0.0))
+    lines = ["| contender | reached | time to threshold: median (min-max) | env steps to threshold "
+             "| start-up | at stop: env steps, last-100 return | settings |",
+             "|---|---:|---:|---:|---:|---:|---|"]
+    for result in rank:
+        cap_t = result["cap_time_s"]
+        if not result["seeds_ok"]:
+            status = result["notes"] or "no runs"
+            lines.append(f"| {result['contender']} | - | {_cell(status, 160)} | - | - | - "
+                         f"| {_cell(result['settings'])} |")
+            continue
+        median = result["time_median_s"]
+        time_text = _time(median, cap_t)
+        if median is not None and math.isinf(median):
+            time_text = f"not reached ({time_text})"
+        if result["seeds_ok"] > 1:
+            time_text += f" ({_time(result['time_min_s'], cap_t)} - {_time(result['time_max_s'], cap_t)})"
+        steps_text = _steps(result["steps_median"])
+        if result["seeds_ok"] > 1 and result["seeds_reached"]:
+            steps_text += f" ({_steps(result['steps_min'])} - {_steps(result['steps_max'])})"
+        reached = f"{result['seeds_reached']}/{result['seeds_ok']}"
+        if result["notes"]:
+            reached += f" ({_cell(result['notes'], 100)})"
+        startup = "-" if result["startup_median_s"] is None else f"{result['startup_median_s']:.1f} s"
+        final = "-" if result["return_median_last100"] is None else f"{result['return_median_last100']:.1f}"
+        stopped = "-" if result["stop_steps_median"] is None else f"{result['stop_steps_median']:,.0f}"
+        lines.append(f"| {result['contender']} | {reached} | {time_text} | {steps_text} | {startup} "
+                     f"| {stopped}, {final} | {_cell(result['settings'])} |")
+    return lines
+
+
+def plot_race(env: RaceEnv, results: Sequence[dict[str, Any]], out_dir: Path) -> Path | None:
+    """``race_<env>.png``: per contender that ran, the median time to threshold as a bar on a log scale with
+    min-max whiskers; a median that did not reach is drawn as the cap, hatched, and labelled so."""
+    from conveyor.plots import _pyplot, _save, file_safe
+
+    ran = [result for result in results if result["seeds_ok"]]
+    if not ran:
+        return None
+    ran.sort(key=lambda r: r["time_median_s"])
+    plt = _pyplot()
+    cap = env.time_limit_s
+    fig, ax = plt.subplots(figsize=(7.5, 0.42 * len(ran) + 1.6))
+    floor = 0.5
+    for y, result in enumerate(ran):
+        median, low, high = result["time_median_s"], result["time_min_s"], result["time_max_s"]
+        capped = math.isinf(median)
+        width = (cap if capped else median) - floor
+        colour = {"conveyor": "tab:blue"}.get(result["framework"], "tab:orange")
+        ax.barh(y, width, left=floor, color="white" if capped else colour, edgecolor=colour,
+                hatch="///" if capped else None, linewidth=1.2)
+        if result["seeds_ok"] > 1 and math.isfinite(low):  # min-max whisker; ">" at the cap: a seed did not reach
+            ax.plot([low, min(high, cap)], [y, y], color="black", linewidth=1, marker="|", markersize=6)
+            if math.isinf(high):
+                ax.plot([cap], [y], marker=">", color="black", markersize=5)
+        text = (f"not reached within {cap:,.0f} s ({result['seeds_reached']}/{result['seeds_ok']})" if capped
+                else f"{median:,.1f} s ({result['seeds_reached']}/{result['seeds_ok']})")
+        right = cap if capped or math.isinf(high) else max(median, high)  # right of the bar and its whisker
+        ax.text(right * 1.12, y, text, va="center", fontsize=7)
+    ax.set_xscale("log")
+    ax.set_xlim(floor, cap * 6)
+    ax.axvline(cap, color="grey", linestyle=":", linewidth=1)
+    ax.set_yticks(range(len(ran)), [result["contender"] for result in ran], fontsize=8)
+    ax.invert_yaxis()
+    absent = [result["contender"] for result in results if not result["seeds_ok"]]
+    ax.set_xlabel(f"seconds from process start to a last-{WINDOW} mean return of {env.threshold:g} "
+                  f"(median over seeds, min-max; log scale)"
+                  + (f"\nnot run (skipped or failed, see the table): {', '.join(absent)}" if absent else ""),
+                  fontsize=8)
+    ax.set_title(f"{env.id}: time to {env.threshold:g} (cap {cap:,.0f} s, {env.max_steps:,} steps)", fontsize=9)
+    ax.grid(axis="x", alpha=0.3, which="both")
+    return _save(fig, out_dir / f"race_{file_safe(env.id)}.png", plt)
+
+
+def race_report(suite: Suite, results: Sequence[dict[str, Any]], runs: int, elapsed_s: float,
+                plots: Sequence[str], load: str) -> str:
+    from importlib.metadata import version
+
+    command = "conveyor bench --suite race" + (" --quick" if suite.name.endswith("-quick") else
+                                               " --full" if suite.name.endswith("-full") else "")
+    lines = [
+        f"Suite `{suite.name}`: {suite.description}.", "",
+        f"{runs} runs in {elapsed_s:.0f} s on {os.cpu_count()} cores ({platform.machine()}, Python "
+        f"{platform.python_version()}, torch {version('torch')}), {time.strftime('%Y-%m-%d')}; `{command}`; "
+        f"load average {load}.", "",
+        "Time to threshold: seconds from just before the run's process was spawned (Python start-up and imports "
+        f"count) to the end of the first episode at which the mean return of the last {WINDOW} training episodes "
+        "reached the threshold, within the caps (time and env steps); every contender stops there. Median over "
+        "seeds (a seed that did not reach counts as infinitely slow: `not reached` unless over half did), "
+        "min-max in brackets; `>` marks a cap. Start-up: from spawn to the start of the run's own clock, after "
+        "its imports (median). At stop: where the run was when it stopped (threshold, a cap, or its recipe's own "
+        "budget). Every conveyor contender runs with its presets alone; each peer with its own published "
+        "settings (the settings column).",
+    ]
+    for env in suite.race_envs:
+        env_results = [result for result in results if result["env"] == env.id]
+        if not env_results:
+            continue
+        lines += ["", f"#### {env.id}: threshold {env.threshold:g}, cap {env.time_limit_s:,.0f} s and "
+                      f"{env.max_steps:,} env steps", "", *race_table(env, env_results)]
+        from conveyor.plots import file_safe
+
+        stem = f"race_{file_safe(env.id)}"
+        lines += ["", *(f"![{Path(p).stem}]({p})" for p in plots if Path(p).stem == stem)]
+    return "\n".join(lines) + "\n"
+
+
+def write_race_results(suite: Suite, out: Path, rows: list[dict[str, Any]], elapsed_s: float,
+                       markdown: Path | None = None) -> None:
+    """``race.csv``, ``race_summary.csv``, the charts and ``results.md`` (and ``markdown``'s race section)."""
+    from conveyor.bench.report import update_markdown_section, write_csv
+
+    goals = {env.id: env.goal() for env in suite.race_envs}
+    raced = [race_row(row, goals[row["env"]]) for row in rows if row["env"] in goals]
+    write_csv(out / RACE_CSV, raced, RACE_FIELDS)
+    results = summarize(raced, _settings(suite))
+    write_csv(out / SUMMARY_CSV, results, SUMMARY_FIELDS)
+    plots = [path for env in suite.race_envs
+             if (path := plot_race(env, [r for r in results if r["env"] == env.id], out)) is not None]
+    load = " / ".join(f"{value:.1f}" for value in os.getloadavg()) + " (1 / 5 / 15 min, at the end)"
+    (out / "results.md").write_text(race_report(suite, results, len(rows), elapsed_s, [p.name for p in plots], load))
+    if markdown is not None:
+        prefix = os.path.relpath(out, markdown.parent)
+        body = race_report(suite, results, len(rows), elapsed_s, [f"{prefix}/{p.name}" for p in plots], load)
+        update_markdown_section(markdown, suite.name, body)

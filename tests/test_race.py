@@ -1,0 +1,255 @@
+"""`conveyor bench --suite race`: the race's bookkeeping, rl-zoo's settings as SB3 arguments, skipped peers,
+and (slow) a small race end to end."""
+
+import csv
+import dataclasses
+import importlib.util
+import json
+import math
+
+import numpy as np
+import pytest
+
+from conveyor.bench import external, race, run_suite, zoo
+from conveyor.bench.race import (CLOCK_FILE, RaceEnv, censored_stats, race_crossing, race_row, race_suite,
+                                 summarize, write_race_results)
+from conveyor.bench.suites import RaceGoal, Suite
+from conveyor.cli import main
+
+GOAL = RaceGoal(threshold=10.0, max_steps=10_000, time_limit_s=100.0)
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def curve(returns, seconds_per_episode=1.0, steps_per_episode=10):
+    """returns.csv rows: episode i ends at (i + 1) * steps env steps and (i + 1) * seconds on the run's clock."""
+    n = len(returns)
+    return np.column_stack([np.arange(1, n + 1) * steps_per_episode, np.arange(1, n + 1) * seconds_per_episode,
+                            np.asarray(returns, dtype=float)])
+
+
+def fake_run(tmp_path, name, returns, *, startup=4.0, status="ok", env="CartPole-v1", contender=("paac", "a2c"),
+             framework="conveyor", seed=0, seconds_per_episode=0.5):
+    """A finished bench run's directory (spec, clock, returns.csv, summary.json) and its results row."""
+    run_dir = tmp_path / "runs" / name
+    run_dir.mkdir(parents=True)
+    spawned = 1_000_000.0
+    (run_dir / "bench_spec.json").write_text(json.dumps({"spawned_unix": spawned}))
+    (run_dir / CLOCK_FILE).write_text(json.dumps({"spawned_unix": spawned, "run_start_unix": spawned + startup,
+                                                  "startup_s": startup}))
+    data = curve(returns, seconds_per_episode)
+    np.savetxt(run_dir / "returns.csv", data, delimiter=",", header="env_steps,wall_time_s,return", comments="",
+               fmt=["%d", "%.3f", "%.3f"])
+    (run_dir / "summary.json").write_text(json.dumps({"recipe": "" if framework == "conveyor" else "a recipe"}))
+    row = {"name": name, "framework": framework, "arch": contender[0], "algo": contender[1], "env": env,
+           "seed": seed, "status": status, "error": "" if status == "ok" else "boom", "env_steps": len(returns) * 10,
+           "wall_time_s": len(returns) * seconds_per_episode, "return_mean_last100": float(np.mean(returns[-100:])),
+           "stop_reason": "target_return reached", "run_dir": str(run_dir)}
+    return row
+
+
+# ---- bookkeeping ---------------------------------------------------------------------------------------
+def test_crossing_time_is_the_spawn_offset_plus_the_runs_own_crossing_time():
+    # 100 episodes of 0, then 10s: the last-100 mean reaches 10 * k / 100 >= 10 after k = 100 more episodes;
+    # only once 100 episodes exist, as `conveyor train --target-return` stops.
+    returns = [0.0] * 100 + [10.0] * 150
+    crossing = race_crossing(curve(returns, 0.2), 10.0, 3.5, GOAL)
+    assert crossing.reached and crossing.steps == 2000 and crossing.run_time_s == pytest.approx(40.0)
+    assert crossing.time_s == pytest.approx(3.5 + 40.0)
+    # The first 99 episodes' high returns do not count: fewer than 100 episodes.
+    early = race_crossing(curve([50.0] * 99 + [0.0] * 50), 10.0, 0.0, GOAL)
+    assert early.reached and early.steps == 1000  # the 100th episode: mean 49.5
+
+
+def test_never_reached_or_past_a_cap_is_capped():
+    assert race_crossing(curve([1.0] * 500), 10.0, 1.0, GOAL) == race.Crossing(False, None, None)
+    assert not race_crossing(curve([1.0] * 50), 10.0, 1.0, GOAL).reached  # fewer than 100 episodes
+    # Crossed at run time 100 s: with 2 s of start-up that is past the 100 s cap, and the row keeps when.
+    late = race_crossing(curve([20.0] * 100, 1.0), 10.0, 2.0, GOAL)
+    assert not late.reached and late.time_s is None and late.run_time_s == pytest.approx(100.0)
+    # Crossed within the time cap but beyond the step cap.
+    assert not race_crossing(curve([20.0] * 100, 0.1, steps_per_episode=200), 10.0, 0.0, GOAL).reached
+
+
+def test_race_rows_and_medians_with_spread_over_seeds(tmp_path):
+    rows = [fake_run(tmp_path, "a-s0", [20.0] * 100, startup=4.0, seconds_per_episode=0.5),  # 4 + 50 s
+            fake_run(tmp_path, "a-s1", [20.0] * 100, startup=6.0, seconds_per_episode=0.3, seed=1),  # 6 + 30 s
+            fake_run(tmp_path, "a-s2", [1.0] * 300, startup=5.0, seed=2),  # never reaches
+            fake_run(tmp_path, "b-s0", [1.0] * 300, contender=("sb3", "ppo"), framework="sb3"),
+            fake_run(tmp_path, "b-s1", [20.0] * 100, contender=("sb3", "ppo"), framework="sb3", seed=1),
+            fake_run(tmp_path, "b-s2", [20.0] * 100, contender=("sb3", "ppo"), framework="sb3", seed=2,
+                     status="failed")]
+    raced = [race_row(row, GOAL) for row in rows]
+    assert [row["reached"] for row in raced] == [True, True, False, False, True, False]
+    assert [row["capped"] for row in raced] == [False, False, True, True, False, False]  # failed: not capped
+    assert raced[0]["time_to_threshold_s"] == pytest.approx(54.0) and raced[1]["time_to_threshold_s"] == 36.0
+    assert raced[0]["steps_to_threshold"] == 1000 and raced[2]["time_to_threshold_s"] is None
+    assert raced[0]["startup_s"] == 4.0 and raced[3]["settings"] == "a recipe"
+
+    paac, sb3 = summarize(raced, {})
+    assert (paac["contender"], paac["seeds"], paac["seeds_ok"], paac["seeds_reached"]) == ("paac/a2c", 3, 3, 2)
+    assert paac["time_median_s"] == pytest.approx(54.0) and paac["time_min_s"] == pytest.approx(36.0)
+    assert math.isinf(paac["time_max_s"]) and paac["steps_median"] == 1000
+    assert paac["startup_median_s"] == 5.0
+    # sb3/ppo: one of two finished seeds reached, so the censored median is "not reached"; the failure is noted.
+    assert (sb3["seeds_ok"], sb3["seeds_reached"]) == (2, 1) and math.isinf(sb3["time_median_s"])
+    assert sb3["notes"] == "failed: boom"
+
+
+def test_censored_median_is_finite_only_when_over_half_reached():
+    assert censored_stats([]) is None
+    assert censored_stats([3.0, 1.0, 2.0]) == (2.0, 1.0, 3.0)
+    assert censored_stats([3.0, None, 1.0]) == (3.0, 1.0, math.inf)
+    assert math.isinf(censored_stats([3.0, None, None])[0])
+    assert math.isinf(censored_stats([3.0, None])[0])
+
+
+def test_report_table_chart_and_csvs(tmp_path):
+    env = RaceEnv("CartPole-v1", 10.0, 10_000, 100.0)
+    rows = [fake_run(tmp_path, "a-s0", [20.0] * 100),
+            fake_run(tmp_path, "b-s0", [1.0] * 300, contender=("sb3", "dqn"), framework="sb3")]
+    rows.append({**rows[1], "name": "c-s0", "arch": "cleanrl", "algo": "ppo", "framework": "cleanrl",
+                 "status": "skipped", "error": "not installed here", "run_dir": str(tmp_path / "runs" / "c-s0")})
+    suite = Suite("race", "a test race", (), race_envs=(env,))
+    markdown = tmp_path / "BENCHMARKS.md"
+    markdown.write_text("# Benchmarks\n\nOther sections.\n")
+    write_race_results(suite, tmp_path, rows, 12.0, markdown=markdown)
+    text = (tmp_path / "results.md").read_text()
+    assert "| paac/a2c | 1/1 | 54.0 s | 1,000 | 4.0 s | 1,000, 20.0 |" in text
+    assert "| sb3/dqn | 0/1 | not reached (> 100 s) | - | 4.0 s | 3,000, 1.0 | a recipe |" in text
+    assert "| cleanrl/ppo | - | skipped: not installed here |" in text
+    assert "![race_CartPole-v1](race_CartPole-v1.png)" in text
+    assert (tmp_path / "race_CartPole-v1.png").read_bytes()[:8] == PNG_MAGIC
+    with open(tmp_path / "race.csv") as f:
+        assert [row["reached"] for row in csv.DictReader(f)] == ["True", "False", "False"]
+    with open(tmp_path / "race_summary.csv") as f:
+        assert [row["contender"] for row in csv.DictReader(f)] == ["paac/a2c", "sb3/dqn", "cleanrl/ppo"]
+    published = markdown.read_text()
+    assert published.startswith("# Benchmarks\n\nOther sections.\n")
+    assert "<!-- conveyor bench --suite race: start -->" in published and "(./race_CartPole-v1.png)" in published
+
+
+# ---- the suite -----------------------------------------------------------------------------------------
+def test_suite_contenders_flags_and_variants():
+    suite = race_suite(quick=True)
+    assert suite.name == "race-quick" and [env.id for env in suite.race_envs] == ["CartPole-v1", "Acrobot-v1"]
+    assert {run.cfg.seed for run in suite.runs} == {0}
+    assert all(run.cfg.time_limit_s == race.QUICK_TIME_LIMIT_S and run.race is not None for run in suite.runs)
+    cartpole = [run for run in suite.runs if run.cfg.env.id == "CartPole-v1"]
+    labels = [f"{run.arch_label}/{run.algo_label or run.cfg.algo.name}" for run in cartpole]
+    assert labels == ["paac/a2c", "paac/ppo", "hts/a2c", "hts/ppo", "ga3c/ga3c", "seed/vtrace", "seed/r2d2",
+                      "impact/impact", "sb3/a2c", "sb3/ppo", "sb3/dqn", "sample-factory/appo", "cleanrl/ppo"]
+    for run in cartpole[:8]:  # conveyor: only arch, algo, env and seed; the threshold stops the run
+        assert run.flags[::2] == ("--arch", "--algo", "--env", "--seed")
+        assert run.cfg.target_return == 475.0 and run.cfg.total_steps <= 500_000
+    assert "CleanRL" in cartpole[-1].skip_reason
+
+    envs = [RaceEnv("Pendulum-v1", -250.0, 1_000_000, 60.0)]
+    pendulum = race_suite((1, 2), envs=envs)
+    labels = {f"{run.arch_label}/{run.algo_label or run.cfg.algo.name}" for run in pendulum.runs}
+    assert not labels & {"ga3c/ga3c", "seed/r2d2", "sb3/dqn"}  # discrete actions only
+    assert {"paac/a2c", "paac/ppo", "hts/ppo", "impact/impact", "sb3/a2c", "sb3/ppo"} <= labels
+    assert len(pendulum.runs) == 2 * len(labels)
+    assert [env.id for env in race.race_envs()] == [env.id for env in race.RACE_ENVS if not env.full_only]
+    assert race.race_envs(full=True)[-1].id == "ALE/Pong-v5"
+
+
+def test_cli_flags(capsys):
+    assert main(["bench", "--suite", "race", "--quick", "--list", "--only", "sb3"]) == 0
+    listed = capsys.readouterr().out.strip().splitlines()
+    assert [line.split(":")[0] for line in listed] == [f"sb3-{algo}-{env}-s0" for env in ("CartPole-v1", "Acrobot-v1")
+                                                       for algo in ("a2c", "ppo", "dqn")]
+    assert main(["bench", "--suite", "quick", "--full"]) == 2
+    assert "--full belongs to the race suite" in capsys.readouterr().err
+    assert main(["bench", "--suite", "race", "--quick", "--full", "--list"]) == 2
+    assert main(["bench", "--suite", "peers", "--quick"]) == 2
+
+
+def test_peers_not_installed_are_skipped_rows(tmp_path, monkeypatch):
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: None if name == "stable_baselines3" else real_find_spec(name, *args))
+    monkeypatch.setenv(external.PEERS_DIR_ENV, str(tmp_path / "no-peers"))
+    race.sb3_skip_reason.cache_clear()
+    try:
+        suite = race_suite(envs=[RaceEnv("CartPole-v1", 475.0, 500_000, 60.0)], seeds=(0,))
+    finally:
+        race.sb3_skip_reason.cache_clear()
+    peers = dataclasses.replace(suite, runs=tuple(run for run in suite.runs if run.framework != "conveyor"))
+    rows = run_suite(peers, tmp_path / "out", log=lambda line: None)
+    assert [row["status"] for row in rows] == ["skipped"] * 5
+    errors = [row["error"] for row in rows]
+    assert errors[:3] == [zoo.SB3_NOT_INSTALLED] * 3 and "is not built (make peers)" in errors[3]
+    table = (tmp_path / "out" / "results.md").read_text()
+    assert "| sb3/ppo | - | skipped: stable-baselines3 is not installed" in table
+
+
+# ---- rl-zoo's settings ---------------------------------------------------------------------------------
+needs_zoo = pytest.mark.skipif(zoo.zoo_version() is None, reason="rl_zoo3 is not installed (make bench-deps)")
+
+
+@needs_zoo
+def test_rl_zoo_cartpole_a2c_and_ppo_from_the_installed_package():
+    a2c = zoo.zoo_recipe("a2c", "CartPole-v1")
+    assert (a2c.key, a2c.n_envs, a2c.n_timesteps, a2c.policy) == ("CartPole-v1", 8, 500_000, "MlpPolicy")
+    assert a2c.kwargs == {"ent_coef": 0.0} and a2c.normalize is None and not a2c.notes
+    ppo = zoo.zoo_recipe("ppo", "CartPole-v1")
+    assert (ppo.n_envs, ppo.n_timesteps, ppo.policy) == (8, 100_000, "MlpPolicy")
+    assert ppo.kwargs == {"n_steps": 32, "batch_size": 256, "gae_lambda": 0.8, "gamma": 0.98, "n_epochs": 20,
+                          "ent_coef": 0.0, "learning_rate": zoo.LinearSchedule(0.001),
+                          "clip_range": zoo.LinearSchedule(0.2)}
+    assert ppo.kwargs["learning_rate"](0.25) == pytest.approx(0.00025)
+    assert "rl-zoo 2.9.2 ppo.yml, its own entry" == ppo.source
+    # No entry of its own: DQN has none for Pendulum (nor is it an Atari id); MinAtar takes the atari entry.
+    assert zoo.zoo_recipe("dqn", "Pendulum-v1") is None
+    minatar = zoo.zoo_recipe("ppo", "MinAtar/Breakout-v1")
+    assert minatar.key == "atari" and minatar.policy == "MlpPolicy" and minatar.env_wrapper is None
+    assert minatar.frame_stack is None and "MinAtar has no rl-zoo entry" in minatar.source
+
+
+def test_rl_zoo_translation_of_normalize_policy_kwargs_and_wrappers():
+    import torch
+
+    pendulum = zoo.translate("a2c", "Pendulum-v1", "Pendulum-v1", {
+        "normalize": True, "n_envs": 8, "n_timesteps": 1e6, "policy": "MlpPolicy", "gamma": 0.9, "use_sde": True,
+        "learning_rate": "lin_7e-4", "policy_kwargs": "dict(log_std_init=-2, ortho_init=False)"})
+    assert pendulum.normalize == {"gamma": 0.9} and pendulum.n_timesteps == 1_000_000
+    assert pendulum.kwargs == {"gamma": 0.9, "use_sde": True, "learning_rate": zoo.LinearSchedule(7e-4),
+                               "policy_kwargs": {"log_std_init": -2, "ortho_init": False}}
+    acrobot = zoo.translate("ppo", "Acrobot-v1", "Acrobot-v1", {"normalize": "dict(norm_obs=True, norm_reward=False)",
+                                                                "n_timesteps": 1e6, "policy": "MlpPolicy"})
+    assert acrobot.normalize == {"norm_obs": True, "norm_reward": False} and acrobot.n_envs == 1
+    assert zoo.eval_kwargs("dict(net_arch=dict(pi=[64], vf=[64]), activation_fn=nn.ReLU)") == {
+        "net_arch": {"pi": [64], "vf": [64]}, "activation_fn": torch.nn.ReLU}
+    with pytest.raises(ValueError, match="cannot evaluate"):
+        zoo.eval_kwargs("__import__('os').system('true')")
+    with pytest.raises(ValueError, match="not translated"):
+        zoo.translate("ppo", "CartPole-v1", "CartPole-v1", {"n_timesteps": 1, "policy": "MlpPolicy", "callback": "x"})
+    pong = zoo.translate("dqn", "ALE/Pong-v5", "atari", {
+        "env_wrapper": ["stable_baselines3.common.atari_wrappers.AtariWrapper"], "frame_stack": 4,
+        "policy": "CnnPolicy", "n_timesteps": 1e7, "train_freq": [4, "step"]})
+    assert pong.frame_stack == 4 and pong.policy == "CnnPolicy" and pong.kwargs == {"train_freq": (4, "step")}
+    assert "frameskip=1" in pong.notes[0]
+
+
+# ---- end to end ----------------------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("stable_baselines3") is None or zoo.zoo_version() is None,
+                    reason="needs make bench-deps (stable-baselines3, rl_zoo3)")
+def test_small_race_end_to_end(tmp_path):
+    """paac/a2c (presets) and SB3 PPO (rl-zoo) race on CartPole to a low threshold: both stop there, and the
+    race time is the child's start-up plus the run's own crossing time."""
+    env = RaceEnv("CartPole-v1", 50.0, 200_000, 300.0)
+    suite = race_suite((0,), envs=[env])
+    runs = tuple(run for run in suite.runs if run.name.startswith(("paac-a2c-", "sb3-ppo-")))
+    rows = run_suite(dataclasses.replace(suite, runs=runs), tmp_path, log=lambda line: None)
+    assert [row["status"] for row in rows] == ["ok", "ok"], rows
+    with open(tmp_path / "race.csv") as f:
+        raced = list(csv.DictReader(f))
+    for row in raced:
+        assert row["reached"] == "True" and row["stop_reason"] == "target_return reached"
+        assert float(row["startup_s"]) > 0
+        assert float(row["time_to_threshold_s"]) == pytest.approx(
+            float(row["startup_s"]) + float(row["run_time_at_crossing_s"]))
+    assert "rl-zoo 2.9.2 ppo.yml" in raced[1]["settings"]
+    assert (tmp_path / "race_CartPole-v1.png").read_bytes()[:8] == PNG_MAGIC
+    assert "| paac/a2c | 1/1 |" in (tmp_path / "results.md").read_text()
