@@ -201,7 +201,7 @@ def table_lines() -> list[str]:
     lines += [f"  {name} = {value!r}" for name, value in presets.BASE.items()]
     groups: list[tuple[str, dict[Any, dict[str, Any]]]] = [
         ("algo", presets.ALGO), ("family", presets.FAMILY), ("algo/family", presets.ALGO_FAMILY),
-        ("--preset/family", presets.PRESET_FAMILY)]
+        ("arch/algo/family", presets.ARCH_ALGO_FAMILY), ("--preset/family", presets.PRESET_FAMILY)]
     for title, group in groups:
         lines.append(f"# {title}")
         for key, values in group.items():

@@ -8,10 +8,11 @@ the first of these layers that names the field, most specific first:
    explicit value that contradicts one is refused);
 2. ``PRESET_FAMILY[(NAME, family)]`` (tuned values of a ``--preset`` run,
    which flags override as any other preset value);
-3. ``ALGO_FAMILY[(algo, family)]``;
-4. ``FAMILY[family]``;
-5. ``ALGO[algo]``;
-6. ``BASE``.
+3. ``ARCH_ALGO_FAMILY[(arch, algo, family)]`` (one architecture's run of an algorithm);
+4. ``ALGO_FAMILY[(algo, family)]``;
+5. ``FAMILY[family]``;
+6. ``ALGO[algo]``;
+7. ``BASE``.
 
 The algorithm itself, when not given, is the architecture's own
 (first in ``ARCH_ALGOS``) or the one ``--preset`` runs. A value may be a ``Derived``:
@@ -232,7 +233,7 @@ ALGO_FAMILY: dict[tuple[str, str], dict[str, Any]] = {
         "algo.rmsprop_eps": 1e-5,  # source: HTS-RL table A4 (RMSProp eps 1e-5, torch's RMSprop); rl-zoo a2c.yml
     },
     ("a2c", "classic-discrete"): {
-        "algo.lr": 2e-3,  # source: tuned here: `conveyor train` solves CartPole-v1 in ~170k steps (README, paac)
+        "algo.lr": 2e-3,  # source: tuned here: paac/a2c with 16 envs solved CartPole-v1 in ~170k steps (hts/a2c's)
     },
     ("a2c", "classic-continuous"): {  # rl-zoo's A2C recipe for Pendulum-v1, gSDE and PyTorch's init included
         **CONTINUOUS_CONTROL,
@@ -397,6 +398,17 @@ ALGO_FAMILY: dict[tuple[str, str], dict[str, Any]] = {
     },
 }
 
+# Where one architecture's run of an algorithm wants other values than the others' (a layer above ALGO_FAMILY).
+ARCH_ALGO_FAMILY: dict[tuple[str, str, str], dict[str, Any]] = {
+    ("paac", "a2c", "classic-discrete"): {  # soonest to 475 in wall-clock: fewer, larger updates (PAAC fig. 3's
+        # n_e axis); paac/a2c CartPole-v1 seeds 1-3 reach 475 at 194k/184k/161k steps in 607/574/503 updates, where
+        # 16 envs at lr 2e-3 took 168k-189k steps in 2,100-2,360 updates, 2x the wall-clock (BENCHMARKS.md
+        # "Fastest to a trained agent"; 32 envs at 4e-3: 148k-174k steps, 920-1,090 updates)
+        "env.num_envs": 64,  # source: tuned here: as above
+        "algo.lr": 6e-3,  # source: tuned here: as above (the lr grows with the batch, PAAC section 5.1: 0.0007 n_e)
+    },
+}
+
 # The comparison presets use each batch once (K = 1), so on cheap envs they want smaller worker batches than
 # `impact` with its K = 8: more updates per env step, each from fewer steps.
 PRESET_FAMILY: dict[tuple[str, str], dict[str, Any]] = {
@@ -445,10 +457,11 @@ def env_family(env_id: str, env_args: tuple[tuple[str, Any], ...] = ()) -> str:
     return _FAMILY_CACHE[env_id]
 
 
-def layers(preset: str, algo: str, family: str) -> list[tuple[str, dict[str, Any]]]:
+def layers(preset: str, arch: str, algo: str, family: str) -> list[tuple[str, dict[str, Any]]]:
     """The table layers that apply to a run (``preset`` "" without ``--preset``) below the preset's fixed
     fields, most specific first, as (layer name, values)."""
     return [(f"--preset {preset}/{family}", PRESET_FAMILY.get((preset, family), {})),
+            (f"{arch}/{algo}/{family}", ARCH_ALGO_FAMILY.get((arch, algo, family), {})),
             (f"{algo}/{family}", ALGO_FAMILY.get((algo, family), {})),
             (family, FAMILY.get(family, {})),
             (algo, ALGO.get(algo, {})),
@@ -496,7 +509,7 @@ def resolve(cfg: Any) -> Resolved:
     missing = [key for key, value in values.items() if value is None]
     if missing:
         family = env_family(cfg.env.id, cfg.env.env_args)
-        table = [(f"--preset {cfg.arch.preset}", forced), *layers(cfg.arch.preset, algo_name, family)]
+        table = [(f"--preset {cfg.arch.preset}", forced), *layers(cfg.arch.preset, arch, algo_name, family)]
         for key in missing:
             sources[key], values[key] = next((name, layer[key]) for name, layer in table if key in layer)
         view = _view(cfg, values, algo_name)

@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parent.parent
 def hanging_cfg(num_envs: int = 4, num_workers: int = 2, timeout_s: float = VECTOR_TIMEOUT_S,
                 max_restarts: int = 10, **env_args) -> EnvCfg:
     return EnvCfg(id=HANGING_ID, num_envs=num_envs, num_workers=num_workers, env_step_timeout_s=timeout_s,
-                  max_restarts=max_restarts, env_args=tuple(env_args.items()))
+                  max_restarts=max_restarts, env_args=tuple(env_args.items()), backend="shm")
 
 
 def wait_for(condition, what: str, timeout_s: float = PATIENCE_S) -> None:
@@ -157,7 +157,7 @@ def test_a_paac_run_whose_env_hangs_past_max_restarts_stops_with_one_line_naming
 
 def test_a_stopped_paac_worker_is_found_killed_and_restarted(tmp_path, monkeypatch):
     recorder = BatchRecorder(monkeypatch)
-    env = EnvCfg(id=TAGGED_ID, env_step_timeout_s=RUN_TIMEOUT_S)
+    env = EnvCfg(id=TAGGED_ID, env_step_timeout_s=RUN_TIMEOUT_S, backend="shm")
     stopper = kill_child("conveyor.envs.shm_worker", lambda: len(recorder.batches) >= 5, sig=signal.SIGSTOP)
     summary = conveyor.train(run_cfg("paac", tmp_path, env))
     assert stopper.killed, "no env worker was stopped"
@@ -196,7 +196,7 @@ def start_hanging_run(tmp_path: Path) -> tuple[subprocess.Popen, list[int]]:
     hung = Path(f"{marker}.0")
     proc = subprocess.Popen([sys.executable, "-m", "conveyor.cli", "train", "--arch", "paac", "--env", HANGING_ID,
                              "--env-arg", "hang_at=200", "--env-arg", f"marker={marker}",
-                             "--env-step-timeout-s", "0", "--num-envs", "4", "--num-workers", "2",
+                             "--env-step-timeout-s", "0", "--num-envs", "4", "--num-workers", "2", "--env-backend", "shm",
                              "--total-steps", "100000000", "--target-return", "inf", "--torch-threads", "1",
                              "--no-progress", "--out", str(tmp_path / "run")],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -22,7 +22,7 @@ def test_signal_saves_checkpoint_and_exits_without_orphans(tmp_path, arch, algo,
     out = tmp_path / "run"
     shared_memory_before = set(os.listdir("/dev/shm"))
     proc = subprocess.Popen([sys.executable, "-m", "conveyor.cli", "train", "--out", str(out), "--no-progress",
-                             "--arch", arch, "--algo", algo, "--log-interval-s", "0.5",
+                             "--arch", arch, "--algo", algo, "--log-interval-s", "0.5", "--env-backend", "shm",
                              "--total-steps", "100000000", "--target-return", "inf", "--torch-threads", "1"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
@@ -61,7 +61,7 @@ def test_killed_worker_past_max_restarts_stops_the_run_with_one_line_and_a_check
     out = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "conveyor.cli", "train", "--out", str(out), "--no-progress",
                              "--total-steps", "100000000", "--target-return", "inf", "--torch-threads", "1",
-                             "--max-restarts", "0"],
+                             "--max-restarts", "0", "--env-backend", "shm"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not (out / "metrics.csv").exists() or (out / "metrics.csv").read_text().count("\n") < 2:
@@ -115,7 +115,7 @@ def test_a_signal_while_a_resumed_run_replays_its_games_stops_at_once_and_keeps_
     """A resumed run's env workers first replay each env's episode so far (seconds on Atari). Ctrl-C then kills
     them at once (there is no step to finish): exit 0, one line saying so, the checkpoint as it was, no orphans."""
     out = tmp_path / "run"
-    args = [sys.executable, "-m", "conveyor.cli", "train", "--no-progress", "--torch-threads", "1"]
+    args = [sys.executable, "-m", "conveyor.cli", "train", "--no-progress", "--torch-threads", "1", "--env-backend", "shm"]
     first = subprocess.run(args + ["--out", str(out), "--env", HANGING_ID, "--env-arg", "hang_at=1000000000",
                                    "--total-steps", "2000", "--target-return", "inf"],
                            capture_output=True, text=True, timeout=300)

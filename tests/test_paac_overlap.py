@@ -103,7 +103,7 @@ def test_groups_sample_their_rows_of_one_draw_for_the_whole_batch():
 
 
 def test_env_groups_step_the_envs_a_whole_step_would_and_record_one_history():
-    cfg = EnvCfg(id="CartPole-v1", num_envs=6, num_workers=2)
+    cfg = EnvCfg(id="CartPole-v1", num_envs=6, num_workers=2, backend="shm")
     rng = np.random.default_rng(0)
     actions = rng.integers(0, 2, (40, 6))
     with make_vector_env(cfg, 5) as whole, make_vector_env(cfg, 5) as split:
@@ -139,7 +139,7 @@ def test_env_groups_step_the_envs_a_whole_step_would_and_record_one_history():
 
 
 def test_a_worker_killed_in_one_group_is_restarted_in_that_groups_wait_only():
-    cfg = EnvCfg(id="CartPole-v1", num_envs=4, num_workers=2)
+    cfg = EnvCfg(id="CartPole-v1", num_envs=4, num_workers=2, backend="shm")
     with make_vector_env(cfg, 0, restart_workers=True) as venv:
         first, second = venv.split(2)
         venv.reset()

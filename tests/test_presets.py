@@ -48,11 +48,12 @@ def test_every_run_resolves_without_none(arch, algo, family):
 
 def test_table_keys_name_real_fields_families_and_pairs():
     for layer in [presets.BASE, *presets.ALGO.values(), *presets.FAMILY.values(), *presets.ALGO_FAMILY.values(),
-                  *presets.PRESET_FAMILY.values()]:
+                  *presets.ARCH_ALGO_FAMILY.values(), *presets.PRESET_FAMILY.values()]:
         assert set(layer) <= set(presets.BASE)
     all_algos = {algo for algos in ARCH_ALGOS.values() for algo in algos}
     assert set(presets.ALGO) <= all_algos and set(presets.FAMILY) <= set(presets.FAMILIES)
     assert all(algo in all_algos and family in presets.FAMILIES for algo, family in presets.ALGO_FAMILY)
+    assert all(algo in ARCH_ALGOS[arch] and family in presets.FAMILIES for arch, algo, family in presets.ARCH_ALGO_FAMILY)
     assert all(preset in presets.IMPACT_PRESETS and family in presets.FAMILIES
                for preset, family in presets.PRESET_FAMILY)
     assert ARCH_ALGOS is presets.ARCH_ALGOS  # one table: the pairs config.py refuses and the default algorithm
@@ -62,6 +63,7 @@ def test_table_keys_name_real_fields_families_and_pairs():
 
 LAYERS = [  # most specific first: (source name, table, key), for --arch impact --preset appo on CartPole
     ("--preset appo/classic-discrete", "PRESET_FAMILY", ("appo", "classic-discrete")),
+    ("impact/impact/classic-discrete", "ARCH_ALGO_FAMILY", ("impact", "impact", "classic-discrete")),
     ("impact/classic-discrete", "ALGO_FAMILY", ("impact", "classic-discrete")),
     ("classic-discrete", "FAMILY", "classic-discrete"),
     ("impact", "ALGO", "impact"),
@@ -211,7 +213,8 @@ def test_every_table_value_cites_its_source():
     """Each entry of every table (a key with a plain or Derived value) carries `# source:` on its line."""
     source = inspect.getsource(presets)
     lines = source.splitlines()
-    tables = {"ARCH_ALGOS", "BASE", "ALGO", "FAMILY", "CONTINUOUS_CONTROL", "ALGO_FAMILY", "PRESET_FAMILY"}
+    tables = {"ARCH_ALGOS", "BASE", "ALGO", "FAMILY", "CONTINUOUS_CONTROL", "ALGO_FAMILY", "ARCH_ALGO_FAMILY",
+              "PRESET_FAMILY"}
     found = set()
     uncited = []
     for node in ast.parse(source).body:

@@ -16,7 +16,7 @@ import pytest
 from conveyor.config import ConfigError, EnvCfg
 from conveyor.errors import WorkerFailure
 from conveyor.envs import STEP_TIME_ID, ObsShapeError, episode_seed, make_env, make_vector_env
-from tests.fault_env import children
+from tests.fault_env import HANGING_ID, children
 
 # Workers import this module by name to find the counting env (gymnasium's "module:id" form).
 COUNTING_ID = "tests.test_vector:CountingTest-v0"
@@ -386,3 +386,12 @@ def test_auto_steps_cheap_envs_in_process_and_slow_ones_in_workers():
     assert "us" in slow.reason
     with make_vector_env(EnvCfg(id=STEP_TIME_ID, num_envs=4, num_workers=1, backend="auto"), 0) as venv:
         assert type(venv).__name__ == "InProcessVectorEnv"
+
+
+def test_auto_gives_an_env_whose_step_hangs_to_worker_processes():
+    from conveyor.envs.inproc import MEASURE_LIMIT_S, choose_backend
+
+    start = time.monotonic()
+    choice = choose_backend(EnvCfg(id=HANGING_ID, num_envs=4, num_workers=2, env_args=(("hang_at", 3),)), 0)
+    assert choice.backend == "shm" and "over" in choice.reason
+    assert time.monotonic() - start < MEASURE_LIMIT_S + 30  # the alarm cut the hanging step short

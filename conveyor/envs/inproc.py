@@ -19,9 +19,12 @@ on ``shm``, up to ``max_env_errors``.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import signal
+import threading
 import time
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -141,35 +144,71 @@ class InProcessVectorEnv:
             raise WorkerFailure(f"env {self.cfg.id!r} failed while {action} (in process): {last}") from error
 
 
+MEASURE_LIMIT_S = 3.0
+"""``choose_backend`` gives up timing an env after this long (a step that hangs, a very slow env): ``shm``."""
+
+
+class _MeasureTimeout(Exception):
+    """Raised inside the env's step by the alarm that bounds ``measure_step_us``."""
+
+
+@contextlib.contextmanager
+def _alarm_after(seconds: float) -> Iterator[None]:
+    """Raise ``_MeasureTimeout`` in this thread after ``seconds`` (SIGALRM: the main thread only; elsewhere, and
+    where signals do not exist, no bound)."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def expire(signum: int, frame: Any) -> None:
+        raise _MeasureTimeout
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def measure_step_us(cfg: EnvCfg, seed: int, *, rounds: int = 5, steps: int = 40, max_s: float = 0.5) -> float:
     """The wall-clock of one ``step`` of one env of ``cfg`` (resets included), in microseconds: the fastest of
     ``rounds`` rounds of ``steps`` steps on actions drawn beforehand, after one round of warm-up (an env's first
     steps run its checks), so that a busy machine's preemptions inflate it less; fewer rounds when they take
-    longer than ``max_s`` (a slow env)."""
+    longer than ``max_s`` (a slow env). ``inf`` when the steps take over ``MEASURE_LIMIT_S`` in all (a step that
+    hangs), in the main thread, where an alarm can cut them short."""
     env = make_env(cfg, seed)
     try:
         env.action_space.seed(seed)
-        actions = [env.action_space.sample() for _ in range(steps)]
+        # as the env loop hands them over: Discrete actions as Python ints (EnvWorker.int_actions)
+        actions = [action.item() if np.ndim(action) == 0 else action
+                   for action in (env.action_space.sample() for _ in range(steps))]
         best, began = math.inf, time.perf_counter()
-        for round_ in range(rounds + 1):
-            start = time.perf_counter()
-            for action in actions:
-                _, _, terminated, truncated, _ = env.step(action)
-                if terminated or truncated:
-                    env.reset()
-            if round_:  # round 0 warms up
-                best = min(best, (time.perf_counter() - start) / steps * 1e6)
-            if time.perf_counter() - began > max_s and round_:
-                break
+        with _alarm_after(MEASURE_LIMIT_S):
+            for round_ in range(rounds + 1):
+                start = time.perf_counter()
+                for action in actions:
+                    _, _, terminated, truncated, _ = env.step(action)
+                    if terminated or truncated:
+                        env.reset()
+                if round_:  # round 0 warms up
+                    best = min(best, (time.perf_counter() - start) / steps * 1e6)
+                if time.perf_counter() - began > max_s and round_:
+                    break
         return best
+    except _MeasureTimeout:
+        return math.inf
     finally:
         env.close()
 
 
-SHM_STEP_OVERHEAD_US = 150.0
+SHM_STEP_OVERHEAD_US = 300.0
 """What a step of the ``shm`` backend costs beyond its envs' own time: the command and reply through each
-worker's pipes, the wake-ups, and the master's share of the cores while it waits (measured on the 2-core CPU:
-``benchmarks/env_backends.py``, BENCHMARKS.md "Env backends")."""
+worker's pipes, the wake-ups, the master's share of the cores while it waits. Measured on the 2-core CPU
+(``benchmarks/env_backends.py``, BENCHMARKS.md "Fastest to a trained agent"): paac/a2c on CartPole steps 1.24x
+faster in process with 16 envs on 2 workers (8 x ~8 us saved by the workers) and alike with 64 (32 x ~8 us);
+on a loaded machine the round trips cost more, and the env's measured step time grows less than they do."""
 
 
 class BackendChoice(NamedTuple):
@@ -187,6 +226,10 @@ def choose_backend(cfg: EnvCfg, seed: int) -> BackendChoice:
     is at most ``SHM_STEP_OVERHEAD_US``; else ``shm``. ``step_us`` is measured on one env (``measure_step_us``)."""
     step_us = measure_step_us(cfg, seed)
     workers = cfg.num_workers or 1
+    if math.isinf(step_us):  # recorded as the bound: config.json stays plain JSON
+        return BackendChoice("shm", MEASURE_LIMIT_S * 1e6, f"timing one env took over {MEASURE_LIMIT_S:g} s (a step "
+                                                          "that hangs, or a very slow env): its steps go to worker "
+                                                          "processes")
     saved = cfg.num_envs * step_us * (1.0 - 1.0 / workers) if cfg.num_envs else 0.0
     backend = "inproc" if saved <= SHM_STEP_OVERHEAD_US else "shm"
     reason = (f"one env steps in {step_us:.1f} us; {workers} worker process(es) would save {saved:.0f} us of each "
