@@ -148,7 +148,7 @@ class Run:
         self.wandb: WandbTracker | None = None
         if cfg.wandb and self.writes:
             try:
-                self.wandb = WandbTracker.open(cfg, self.out)
+                self.wandb = WandbTracker.open(cfg, self.out, self._recorded())
             except BaseException:
                 self.telemetry.close()
                 raise
@@ -252,11 +252,14 @@ class Run:
             rank = 0 if self.dist is None else self.dist.rank
             self.resume_state = {**self.resume_state, **self.resume_state["rank_states"][rank]}
 
+    def _recorded(self) -> dict[str, Any]:
+        """What config.json records beside the fields (``RunCfg.to_json``): ``auto``'s backend choice."""
+        return {} if self.env_backend is None else {ENV_BACKEND_CHOICE: self.env_backend._asdict()}
+
     def _write_config(self) -> None:
         path = self.out / "config.json"
-        recorded = {} if self.env_backend is None else {ENV_BACKEND_CHOICE: self.env_backend._asdict()}
         try:
-            write_text_atomic(path, self.cfg.to_json(recorded))
+            write_text_atomic(path, self.cfg.to_json(self._recorded()))
         except OSError as error:
             raise ConfigError(f"cannot write {path} ({error.strerror or error}): pass --out a writable directory "
                               "with free space") from None
@@ -316,8 +319,9 @@ class Run:
         """Record the update; write a periodic checkpoint when one is due (unless the architecture
         checkpoints at another point of its loop: ``checkpoint=False`` and ``checkpoint_if_due``)."""
         self.telemetry.add_update(metrics)
-        if self.env_backend is not None and self.writes and self.telemetry.updates == 1:
-            # after the first update, not at the start: a mistake found while the run sets up stays one line
+        if self.env_backend is not None and self.writes and self.cfg.progress and self.telemetry.updates == 1:
+            # with the progress line, after the first update: a mistake found while the run sets up stays one
+            # line, and --no-progress keeps a failure's line the only one (config.json records the choice)
             print(f"conveyor: env backend {self.env_backend.backend} (auto: {self.env_backend.reason})",
                   file=sys.stderr)
         if self.cfg.algo.lr_schedule == "linear":

@@ -51,9 +51,9 @@ EPISODE_LINE = re.compile(r"^episode 1: return (\S+), length (\d+)", re.MULTILIN
 STOP_GRACE_S = 5.0
 
 
-def config_values(cfg: RunCfg) -> dict[str, Any]:
-    """The config as ``config.json`` holds it (nested dicts, tuples as lists)."""
-    return json.loads(cfg.to_json())
+def config_values(cfg: RunCfg, recorded: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The config as ``config.json`` holds it (nested dicts, tuples as lists; ``recorded``: ``RunCfg.to_json``'s)."""
+    return json.loads(cfg.to_json(recorded))
 
 
 def flat_config(cfg: RunCfg) -> dict[str, Any]:
@@ -107,7 +107,8 @@ class WandbTracker:
         self._failed = False
 
     @classmethod
-    def open(cls, cfg: RunCfg, out: Path) -> "WandbTracker":
+    def open(cls, cfg: RunCfg, out: Path, recorded: dict[str, Any] | None = None) -> "WandbTracker":
+        """The W&B run of ``cfg``'s run in ``out``; its config is config.json's (``recorded`` included)."""
         wandb = import_wandb()
         id_file = out / WANDB_RUN_ID_FILE
         run_id = ""
@@ -119,7 +120,7 @@ class WandbTracker:
         try:
             run = wandb.init(project=cfg.wandb, entity=cfg.wandb_entity or None, group=cfg.wandb_group or None,
                              name=cfg.wandb_name or out.resolve().name, dir=str(out), id=run_id,
-                             resume="allow" if cfg.resume else None, config=config_values(cfg),
+                             resume="allow" if cfg.resume else None, config=config_values(cfg, recorded),
                              allow_val_change=True, job_type="train")
         except Exception as error:  # wandb raises its own errors (no network, not logged in, a bad project)
             raise ConfigError(f"wandb.init failed ({_first_line(error)}): run `wandb login`, or set "

@@ -31,7 +31,7 @@ import numpy as np
 
 from conveyor.config import EnvCfg
 from conveyor.envs.history import EnvHistory
-from conveyor.envs.make import make_env
+from conveyor.envs.make import env_spaces, make_env
 from conveyor.envs.shm_worker import (
     REPLY_ENV_ERROR,
     EnvWorker,
@@ -203,12 +203,13 @@ def measure_step_us(cfg: EnvCfg, seed: int, *, rounds: int = 5, steps: int = 40,
         env.close()
 
 
-SHM_STEP_OVERHEAD_US = 300.0
-"""What a step of the ``shm`` backend costs beyond its envs' own time: the command and reply through each
-worker's pipes, the wake-ups, the master's share of the cores while it waits. Measured on the 2-core CPU
-(``benchmarks/env_backends.py``, BENCHMARKS.md "Fastest to a trained agent"): paac/a2c on CartPole steps 1.24x
-faster in process with 16 envs on 2 workers (8 x ~8 us saved by the workers) and alike with 64 (32 x ~8 us);
-on a loaded machine the round trips cost more, and the env's measured step time grows less than they do."""
+INPROC_MAX_STEP_US = 30.0
+"""``auto`` steps an env in process when one of its steps takes at most this long. Measured on the 2-core CPU
+with paac/a2c and its presets (``benchmarks/env_backends.py``, BENCHMARKS.md "Fastest to a trained agent";
+in-process SPS over shm's): MinAtar Breakout (10 us a step, 16 envs) 1.11x, MountainCar (15 us, 64 envs) 1.05x,
+CartPole (23 us, 64 envs) 1.16x, and with 16 envs 1.24x; Pendulum (39 us, 8 envs) 0.82x, SpaceInvaders (66 us,
+16 envs) 0.83x, Acrobot (95 us, 64 envs) 0.77x. Above it the worker processes' parallel stepping saves more than
+their round trips cost; the envs' count moved no row across the line."""
 
 
 class BackendChoice(NamedTuple):
@@ -221,17 +222,21 @@ class BackendChoice(NamedTuple):
 
 
 def choose_backend(cfg: EnvCfg, seed: int) -> BackendChoice:
-    """``inproc`` where stepping the envs one after another costs no more than ``shm`` would: the time
-    ``cfg.num_workers`` processes save by stepping in parallel, ``num_envs * step_us * (1 - 1 / num_workers)``,
-    is at most ``SHM_STEP_OVERHEAD_US``; else ``shm``. ``step_us`` is measured on one env (``measure_step_us``)."""
+    """``inproc`` where one env steps in at most ``INPROC_MAX_STEP_US`` (``measure_step_us``), or where the envs
+    would have a single worker process (nothing to step in parallel); else ``shm``. An env that breaks the
+    gymnasium API is refused first, in one line (``env_spaces``), as at any run's start."""
+    env_spaces(cfg, seed)
     step_us = measure_step_us(cfg, seed)
-    workers = cfg.num_workers or 1
     if math.isinf(step_us):  # recorded as the bound: config.json stays plain JSON
         return BackendChoice("shm", MEASURE_LIMIT_S * 1e6, f"timing one env took over {MEASURE_LIMIT_S:g} s (a step "
                                                           "that hangs, or a very slow env): its steps go to worker "
                                                           "processes")
-    saved = cfg.num_envs * step_us * (1.0 - 1.0 / workers) if cfg.num_envs else 0.0
-    backend = "inproc" if saved <= SHM_STEP_OVERHEAD_US else "shm"
-    reason = (f"one env steps in {step_us:.1f} us; {workers} worker process(es) would save {saved:.0f} us of each "
-              f"step of {cfg.num_envs} envs and cost about {SHM_STEP_OVERHEAD_US:.0f}")
-    return BackendChoice(backend, step_us, reason)
+    workers = cfg.num_workers or 1
+    if workers == 1:
+        return BackendChoice("inproc", step_us, f"one env steps in {step_us:.1f} us, and one worker process would "
+                                                "step them no sooner")
+    if step_us <= INPROC_MAX_STEP_US:
+        return BackendChoice("inproc", step_us, f"one env steps in {step_us:.1f} us, at most "
+                                                f"{INPROC_MAX_STEP_US:g} us: in this process")
+    return BackendChoice("shm", step_us, f"one env steps in {step_us:.1f} us, over {INPROC_MAX_STEP_US:g} us: in "
+                                         f"{workers} worker processes")
