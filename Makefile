@@ -23,10 +23,10 @@ train: venv
 TEST_WORKERS ?= 2
 
 test: venv
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=15
 
 test-slow: venv
-	$(BIN)/python -m pytest -q -m slow
+	$(BIN)/python -m pytest -q -m slow --durations=15
 
 # The learning tests are the slow ones (each architecture learns with its presets); the whole matrix is
 # `conveyor bench --suite learning`.
