@@ -22,11 +22,14 @@ train: venv
 # of a clean-clone run. A module fixture is built at most once per worker. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 
+# Both print their 15 slowest tests. Exit code 5 is pytest's "no test selected", not a failure.
 test: venv
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=15
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=15 || [ $$? -eq 5 ]
 
+# The tests marked slow (learning runs, Ray, torchrun, long fault runs), on the same two workers: each test has
+# its own tmp_path and ports (torchrun --standalone, a local Ray of its own, SEED's localhost:0).
 test-slow: venv
-	$(BIN)/python -m pytest -q -m slow --durations=15
+	$(BIN)/python -m pytest -q -m slow -n $(TEST_WORKERS) --dist worksteal --durations=15 || [ $$? -eq 5 ]
 
 # The learning tests are the slow ones (each architecture learns with its presets); the whole matrix is
 # `conveyor bench --suite learning`.

@@ -347,6 +347,7 @@ def test_learning_suite_runs_a_real_child_end_to_end(tmp_path, capsys):
     assert "| paac/a2c | `--arch paac --algo a2c` | 1/1 |" in (out / "results.md").read_text()
 
 
+@pytest.mark.slow
 def test_learning_env_with_an_eval_protocol_evaluates_the_final_policy_in_it(tmp_path):
     # CartPole's Sutton & Barto reward pays 0 per step and -1 at a failure: a return <= 0 shows the evaluation
     # played the protocol's env (training's pays +1 per step), as Pong's plays without sticky actions.

@@ -105,6 +105,7 @@ def test_a2c_on_two_ranks_equals_one_process_on_the_whole_batch(a2c_runs):
     assert max_param_difference(a2c_runs["two"], a2c_runs["plain"]) < 1e-6
 
 
+@pytest.mark.slow  # make test keeps A2C's equality on two ranks (above)
 def test_ppo_on_two_ranks_equals_one_process_on_the_whole_batch(tmp_path):
     # Minibatches of single steps drawn from all 8 x 16 steps, advantages normalized per minibatch, input
     # statistics updated from every rank's observations: all taken over the whole batch.

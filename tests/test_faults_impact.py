@@ -210,6 +210,7 @@ def test_repeated_deaths_reuse_the_slots_until_max_restarts(monkeypatch):
     assert all(process.poll() is not None for process in processes)
 
 
+@pytest.mark.slow
 def test_a_worker_whose_env_worker_dies_is_restarted_like_a_dead_worker(monkeypatch, tmp_path):
     rec = BatchRecorder(monkeypatch)
     killed: list[int] = []

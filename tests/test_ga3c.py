@@ -402,6 +402,7 @@ def test_ga3c_reaches_the_cartpole_threshold(tmp_path):
     assert written["ga3c"]["tps"] == ga3c["tps"]
 
 
+@pytest.mark.slow
 def test_ga3c_autotune_run_changes_counts_and_plots(tmp_path):
     import conveyor
 

@@ -211,7 +211,7 @@ def test_lagged_ppo_update_is_ppo_from_current_params_with_ratios_against_the_be
 @pytest.mark.parametrize("env, env_args, algo", [
     ("CartPole-v1", (), "a2c"),
     (STEP_TIME_ID, EXPONENTIAL_STEPS, "ppo"),  # random step times: actors see different batches every run
-    ("Pendulum-v1", (), "a2c"),  # Gaussian actions: one uniform per action dimension
+    pytest.param("Pendulum-v1", (), "a2c", marks=pytest.mark.slow),  # Gaussian actions: a uniform per dimension
 ])
 def test_same_seed_gives_the_same_parameters_for_any_number_of_actors(tmp_path, env, env_args, algo):
     algo_cfg = AlgoCfg(name=algo, ppo_epochs=2, ppo_minibatches=2)
@@ -229,6 +229,7 @@ def test_same_seed_gives_the_same_parameters_for_any_number_of_actors(tmp_path, 
     assert len({s["counters"]["actor_forwards"] for s in summaries}) > 1
 
 
+@pytest.mark.slow
 def test_gsde_noise_gives_the_same_parameters_for_any_number_of_actors(tmp_path):
     """A gSDE model's actions take each env's noise at its step round * alpha + t, not the executors' uniforms:
     still one result whatever serves the requests."""
@@ -325,7 +326,7 @@ def test_executors_exit_when_the_parent_is_killed():
         parent.wait()
 
 
-@pytest.mark.slow  # make test keeps tests/test_learns_by_default.py: this architecture on CartPole, default flags
+@pytest.mark.slow  # make test keeps HTS learning in test_hts_ppo_learns_step_time (below)
 def test_hts_a2c_learns_cartpole(tmp_path):
     # Random play scores ~22; seeds 0-3 of this setting reached 150 after 43-54k steps (README, hts section).
     cfg = hts_cfg(tmp_path, algo_cfg=AlgoCfg(name="a2c", lr=3e-3), actors=2, total_steps=100_000,

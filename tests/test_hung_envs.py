@@ -125,7 +125,7 @@ def run_cfg(arch: str, tmp_path: Path, env: EnvCfg, **overrides) -> RunCfg:
     return RunCfg(**{**base, **overrides})
 
 
-@pytest.mark.parametrize("arch", ["paac", "ga3c", "hts", "impact", "seed"])
+@pytest.mark.parametrize("arch", ["paac", "ga3c", "hts", pytest.param("impact", marks=pytest.mark.slow), "seed"])
 def test_hung_envs_are_killed_and_restarted_and_the_run_reaches_its_step_count(arch, tmp_path, monkeypatch):
     """The first env of each of the run's 2 workers (env workers, agents, executors, IMPACT workers, SEED
     actors) to take its 30th step hangs there, so no worker can go on; the run restarts both (their

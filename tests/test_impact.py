@@ -319,7 +319,7 @@ def check_common(summary, cfg):
         assert "target_syncs" not in summary["counters"]
 
 
-@pytest.mark.slow  # 25-40 s; make test keeps IMPACT's default-flags bar (test_learns_by_default) and Memory-v0
+@pytest.mark.slow  # 25-40 s; make test keeps IMPACT's learning on Memory-v0 (test_recurrent_actor_critic.py)
 def test_impact_learns_cartpole(tmp_path):
     # Random play scores 23 on CartPole; with these settings 30k env steps reached 150-160 (mean of the
     # last 100 episodes) on the seeds tried on an idle machine. The workers act on parameters as old as the
@@ -332,7 +332,7 @@ def test_impact_learns_cartpole(tmp_path):
     assert max(summary["worker_param_versions"]) > 0  # it learned, so workers acted with updated weights
 
 
-@pytest.mark.slow  # 40-75 s; impact's learning stays in make test on CartPole and Memory-v0
+@pytest.mark.slow  # 40-75 s; impact's learning stays in make test on Memory-v0
 def test_impact_improves_pendulum(tmp_path):
     # Gaussian head. Random play scores -1256 +- 296 per Pendulum-v1 episode (200 episodes), so the mean of
     # 100 random episodes lies within -1256 +- 90 (3 standard errors). With these settings 70k env steps
@@ -347,7 +347,7 @@ def test_impact_improves_pendulum(tmp_path):
     assert summary["return_mean_last100"] >= -900, summary["return_mean_last100"]
 
 
-@pytest.mark.parametrize("preset", ["appo", "impala"])
+@pytest.mark.parametrize("preset", [pytest.param("appo", marks=pytest.mark.slow), "impala"])
 def test_presets_run_one_update_per_batch(tmp_path, preset):
     arch = ArchCfg(name="impact", preset=preset, worker_batch=16)
     cfg = impact_cfg(tmp_path, arch=arch, algo=AlgoCfg(), total_steps=2000)

@@ -14,9 +14,12 @@ import pytest
 from tests.fault_env import HANGING_ID, alive, children, descendants
 
 
+# make test keeps PAAC and HTS on SIGINT (SIGTERM: tests/test_hung_envs.py); the other rows are slow.
 @pytest.mark.parametrize("arch, algo, sig", [
-    ("paac", "a2c", signal.SIGINT), ("paac", "a2c", signal.SIGTERM), ("ga3c", "ga3c", signal.SIGINT),
-    ("seed", "vtrace", signal.SIGINT), ("impact", "impact", signal.SIGTERM), ("hts", "a2c", signal.SIGINT),
+    ("paac", "a2c", signal.SIGINT), pytest.param("paac", "a2c", signal.SIGTERM, marks=pytest.mark.slow),
+    pytest.param("ga3c", "ga3c", signal.SIGINT, marks=pytest.mark.slow),
+    pytest.param("seed", "vtrace", signal.SIGINT, marks=pytest.mark.slow),
+    pytest.param("impact", "impact", signal.SIGTERM, marks=pytest.mark.slow), ("hts", "a2c", signal.SIGINT),
 ])
 def test_signal_saves_checkpoint_and_exits_without_orphans(tmp_path, arch, algo, sig):
     out = tmp_path / "run"
@@ -57,6 +60,7 @@ def test_signal_saves_checkpoint_and_exits_without_orphans(tmp_path, arch, algo,
     assert os.path.exists(out / "config.json")
 
 
+@pytest.mark.slow  # make test keeps the API's half: tests/test_faults_paac.py, past max_restarts
 def test_killed_worker_past_max_restarts_stops_the_run_with_one_line_and_a_checkpoint(tmp_path):
     out = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "conveyor.cli", "train", "--out", str(out), "--no-progress",

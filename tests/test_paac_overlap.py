@@ -182,6 +182,7 @@ def test_a2c_with_groups_acts_and_observes_as_without_and_writes_every_column_on
     assert on["policy_lag"] == {"mean": 0.0, "max": 0, "histogram": {"0": on["env_steps"]}}
 
 
+@pytest.mark.slow
 def test_ppo_with_groups_ends_with_the_same_parameters_bit_for_bit(tmp_path):
     # PPO's gradients come from its own forwards over the stored batch, which groups leave unchanged.
     off, on = (conveyor.train(cfg_for(tmp_path, groups, "ppo", 1024)) for groups in (1, 2))

@@ -153,7 +153,9 @@ def test_an_open_port_that_is_not_a_ray_gcs_fails_with_the_fix(tmp_path):
 
 
 # ---- a local Ray: placement, restarts, the restart limit -------------------------------------------
+# Every run that starts Ray is in make test-slow; make test keeps the refusals and probes above.
 
+@pytest.mark.slow
 @needs_ray
 @pytest.mark.timeout(900)  # Ray workers import torch and build envs: minutes on a machine busy with other jobs
 @pytest.mark.parametrize("arch, role", [("seed", "seed actor"), ("impact", "impact worker")])
@@ -183,6 +185,7 @@ def test_a_killed_ray_actor_is_restarted_and_the_run_completes(tmp_path, arch, r
     assert not any(alive(actor["pid"]) for actor in restarted), "Ray actors outlived the run"
 
 
+@pytest.mark.slow
 @needs_ray
 @pytest.mark.timeout(900)
 def test_past_max_restarts_a_dead_ray_actor_stops_the_run_with_one_line(tmp_path):
@@ -254,6 +257,7 @@ def on_two_nodes(tmp_path: Path, commands: str, timeout_s: float = 240.0) -> sub
         shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
+@pytest.mark.slow
 @needs_ray
 @pytest.mark.skipif(not _private_network(), reason="needs unprivileged namespaces (unshare -rn) to keep a two-node "
                                                    "Ray cluster on loopback")

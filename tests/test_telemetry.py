@@ -119,7 +119,8 @@ RUNS = {
 }
 
 
-@pytest.mark.parametrize("name", list(RUNS))
+@pytest.mark.parametrize("name", [pytest.param(name, marks=[pytest.mark.slow] * (name in ("paac-ppo", "seed-r2d2")))
+                                  for name in RUNS])
 def test_every_architecture_writes_one_metrics_table_and_trains_its_input_statistics(tmp_path, name):
     cfg = RunCfg(**{**NORMALIZED, **RUNS[name]}, total_steps=3000, log_interval_s=0.05, out=str(tmp_path / "run"),
                  progress=False, torch_threads=1, seed=1)

@@ -209,6 +209,7 @@ def test_paac_records_a_video_and_its_eval_return(paac_run):
     assert int(row["eval/env_steps"]) == 400
 
 
+@pytest.mark.slow
 def test_seed_records_a_video_from_a_checkpoint_that_rotation_removed(wandb_env):
     out = wandb_env / "seed"
     try:

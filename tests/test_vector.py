@@ -297,7 +297,8 @@ def test_dead_worker_is_restarted_with_its_envs_on_their_next_episodes():
     (COUNTING_ID, (), "shm", "shm"),
     (COUNTING_ID, (), "inproc", "shm"),  # a run resumes on either of conveyor's own backends
     ("CartPole-v1", (), "shm", "inproc"),
-    ("ALE/Breakout-v5", (("repeat_action_probability", 0.25),), "shm", "inproc"),  # lives, sticky actions, no-ops
+    pytest.param("ALE/Breakout-v5", (("repeat_action_probability", 0.25),), "shm", "inproc",  # lives, sticky, no-ops
+                 marks=pytest.mark.slow),
 ])
 def test_env_state_rebuilds_every_env_exactly(env_id, env_args, recorded_on, rebuilt_on):
     cfg = EnvCfg(id=env_id, num_envs=4, num_workers=2, env_args=env_args, episodic_life=True, backend=recorded_on)
