@@ -315,7 +315,8 @@ def evaluate_run(run_dir: Path | str, *, episodes: int = 10, noop_max: int = NOO
                     raise
                 rotated.append(path.name)
                 newest = max(run_dir.glob("checkpoints/ckpt-*.pt"), default=None)
-                if not paths and newest is not None and newest > path:
+                done = {*rotated, *(policy.checkpoint for policy in policies)}
+                if not paths and newest is not None and newest.name not in done:
                     paths.append(newest)  # the newest one listed is gone: the newest still there stands in
                 continue
             if model is None:
