@@ -33,6 +33,7 @@ import numpy as np
 from conveyor.errors import ConfigError
 from conveyor.envs import EPISODE_KEY
 from conveyor.evaluate import EVAL_SEED_OFFSET, add_env_arg_argument
+from conveyor.files import exclusive_temp
 from conveyor.policy import Policy, load_policy
 
 VIDEO_SUFFIXES = (".mp4", ".mkv", ".mov")
@@ -53,7 +54,7 @@ class VideoRecorder(gym.Wrapper):
         self.path = Path(path)
         self.fps = fps
         self.frames = 0
-        self._partial = self.path.with_name(f".{self.path.stem}.partial{self.path.suffix}")
+        self._partial: Path | None = None  # created exclusively when the first frame comes (never a planted link)
         self._writer: Any = None
         self._size: tuple[int, int] | None = None
 
@@ -96,6 +97,7 @@ class VideoRecorder(gym.Wrapper):
             import imageio_ffmpeg
 
             self._size = (frame.shape[1], frame.shape[0])
+            self._partial = exclusive_temp(self.path, self.path.suffix)
             self._writer = imageio_ffmpeg.write_frames(str(self._partial), self._size, fps=self.fps, codec="libx264",
                                                        macro_block_size=1, ffmpeg_log_level="error")
             self._writer.send(None)  # start the generator (and ffmpeg)

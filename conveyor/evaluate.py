@@ -30,6 +30,7 @@ import argparse
 import dataclasses
 import json
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, Sequence
@@ -281,27 +282,43 @@ def evaluate_run(run_dir: Path | str, *, episodes: int = 10, noop_max: int = NOO
     training's: ``repeat_action_probability`` 0 plays Atari v5 without sticky actions, as the scores published
     before Machado et al. 2018 were played).
     """
-    from conveyor.learner import CheckpointError, checkpoint_file, load_checkpoint
+    from conveyor.learner import CheckpointError, CheckpointGone, checkpoint_file, load_checkpoint
 
     run_dir = Path(run_dir)
     if episodes <= 0 or window <= 0 or noop_max < 0:
         raise ConfigError(f"--episodes ({episodes}) and --window ({window}) must be positive and --noop-max "
                           f"({noop_max}) >= 0")
+    if target is not None and not math.isfinite(target):
+        raise ConfigError(f"--target {target} is not a finite return: pass a number, or leave it out for the "
+                          "run's target return")
     cfg = load_run_config(run_dir, env_args)
     paths = sorted(run_dir.glob("checkpoints/ckpt-*.pt"))
     if not paths:
         raise CheckpointError(f"no checkpoints in {run_dir}/checkpoints: train with --checkpoint-every N "
                               "to keep the policies evaluation needs")
+    named = {checkpoint_file(run_dir, checkpoint) for checkpoint in checkpoints} - {None}
     if checkpoints:  # `latest`: the newest file (one that does not load is an error here, as without the choice)
-        paths = sorted({checkpoint_file(run_dir, checkpoint) or paths[-1] for checkpoint in checkpoints})
+        paths = sorted(named | ({paths[-1]} if "latest" in {str(checkpoint) for checkpoint in checkpoints} else set()))
     seed = EVAL_SEED_OFFSET + cfg.seed if seed is None else seed
     target = default_target(cfg) if target is None else target
     envs = make_eval_envs(cfg, episodes, noop_max, seed)
     try:
         model: nn.Module | None = None
         policies: list[PolicyEval] = []
-        for path in paths:
-            state = load_checkpoint(path)
+        rotated = []
+        while paths:
+            path = paths.pop(0)
+            try:
+                state = load_checkpoint(path)
+            except CheckpointGone:  # a run still training rotated it away: one it listed, not one named
+                if path in named:
+                    raise
+                rotated.append(path.name)
+                newest = max(run_dir.glob("checkpoints/ckpt-*.pt"), default=None)
+                done = {*rotated, *(policy.checkpoint for policy in policies)}
+                if not paths and newest is not None and newest.name not in done:
+                    paths.append(newest)  # the newest one listed is gone: the newest still there stands in
+                continue
             if model is None:
                 model = model_for_checkpoint(cfg, envs[0].observation_space, envs[0].action_space, state["model"])
             try:
@@ -315,6 +332,12 @@ def evaluate_run(run_dir: Path | str, *, episodes: int = 10, noop_max: int = NOO
     finally:
         for env in envs:
             env.close()
+    if rotated:
+        print(f"conveyor: {len(rotated)} checkpoint(s) ({', '.join(rotated)}) were deleted by the run writing "
+              f"{run_dir} (--keep-checkpoints rotation) before they could be evaluated: skipped", file=sys.stderr)
+    if not policies:
+        raise CheckpointError(f"every checkpoint of {run_dir} was rotated away while it was evaluated: evaluate "
+                              "once the run has ended, or train with a larger --keep-checkpoints")
     result = eval_result(run_dir, cfg.env.id, policies, episodes=episodes, noop_max=noop_max, window=window,
                          seed=seed, time_limit_s=time_limit_s, target=target, env_args=env_args)
     write_eval(run_dir, result)

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from conveyor.errors import ConfigError
+from conveyor.files import exclusive_temp
 from conveyor.policy import Policy, load_policy
 
 FORMATS = ("torchscript", "onnx")
@@ -104,7 +105,8 @@ def _quiet() -> Iterator[None]:
 
 
 def _partial(out: Path) -> Path:
-    return out.with_name(f".{out.stem}.partial{out.suffix}")
+    """Where the exporter writes before the rename to ``out``: created exclusively, never a planted link."""
+    return exclusive_temp(out, out.suffix)
 
 
 def export_torchscript(policy: Policy, out: Path) -> None:

@@ -54,6 +54,15 @@ class CheckpointError(RuntimeError):
     """A checkpoint that is missing, truncated, tampered with, or from another model."""
 
 
+class CheckpointGone(CheckpointError):
+    """A checkpoint deleted between the listing that found it and its load: a run still writing its directory
+    rotates old checkpoints away (``--keep-checkpoints``). Readers take the newest one still there."""
+
+
+GONE = "was deleted before it could be read"
+"""``_read_checkpoint``'s problem for a file that no longer exists."""
+
+
 def make_optimizer(params: Any, cfg: RunCfg) -> Optimizer:
     """``cfg.algo.optimizer`` over ``params`` with the run's resolved settings (``conveyor/presets.py``); torch's
     update rules without ``torch.optim`` (``conveyor/optim.py`` says why)."""
@@ -306,14 +315,20 @@ def _mib(size: int) -> str:
 
 def load_checkpoint(path: Path, device: torch.device | str = "cpu") -> dict[str, Any]:
     """The state of checkpoint ``path``, read without unpickling anything; a ``CheckpointError`` says in one
-    line what is wrong with the file."""
+    line what is wrong with the file (``CheckpointGone``: it no longer exists)."""
     path = Path(path)
-    if not path.exists():
-        raise CheckpointError(f"checkpoint {path} not found: pass a run directory that has checkpoints/*.pt")
+    if not path.exists() and not path.is_symlink():
+        raise CheckpointGone(f"checkpoint {path} not found: pass a run directory that has checkpoints/*.pt, or "
+                             "--checkpoint latest")
     state, problem = _read_checkpoint(path, device)
+    if problem == GONE:
+        raise CheckpointGone(f"checkpoint {path} {GONE} (the run writing it rotated it away, --keep-checkpoints): "
+                             "pass --checkpoint latest, or one that is still there")
     if problem:
-        raise CheckpointError(f"checkpoint {path} {problem}: delete it to fall back to an earlier one, or start a "
-                              "new run")
+        own = path.parent.name == "checkpoints" and path.name.startswith("ckpt-") and path.suffix == ".pt"
+        fix = ("delete it to fall back to an earlier one, or start a new run" if own else
+               "pass --checkpoint latest, an env-step count, or a checkpoint a run wrote (DIR/checkpoints/ckpt-*.pt)")
+        raise CheckpointError(f"checkpoint {path} {problem}: {fix}")
     return state
 
 
@@ -349,32 +364,47 @@ def checkpoint_file(run_dir: Path, checkpoint: str | int | None) -> Path | None:
 def load_latest_checkpoint(run_dir: Path | str, device: torch.device | str = "cpu") -> tuple[Path, dict[str, Any]]:
     """The newest checkpoint of ``run_dir`` that loads, and its state. Each newer one that does not (truncated,
     tampered with, a directory in its place) is skipped with one line on stderr naming it and why; temp files
-    of interrupted writes never match. None that loads is a ``CheckpointError`` naming the newest."""
-    paths = sorted(Path(run_dir).glob("checkpoints/ckpt-*.pt"), reverse=True)
-    if not paths:
-        raise CheckpointError(f"no checkpoints in {run_dir}/checkpoints: pass the --out DIR of an earlier run")
-    problems = []
-    for path in paths:
-        state, problem = _read_checkpoint(path, device)
-        if not problem:
-            for skipped, why in problems:
-                print(f"conveyor: skipped checkpoint {skipped}: it {why}; using {path.name}", file=sys.stderr)
-            return path, state
-        problems.append((path, problem))
-    older = f" (and so do the {len(paths) - 1} older ones)" if len(paths) > 1 else ""
-    raise CheckpointError(f"no usable checkpoint in {run_dir}/checkpoints: the newest, {paths[0].name}, "
-                          f"{problems[0][1]}{older}: start a new run")
+    of interrupted writes never match, and one deleted while this reads (a run still writing ``run_dir``
+    rotates old ones away) is passed over in silence. None that loads is a ``CheckpointError`` naming the
+    newest."""
+    for _ in range(MAX_LISTINGS):
+        paths = sorted(Path(run_dir).glob("checkpoints/ckpt-*.pt"), reverse=True)
+        if not paths:
+            raise CheckpointError(f"no checkpoints in {run_dir}/checkpoints: pass the --out DIR of an earlier run")
+        problems = []
+        for path in paths:
+            state, problem = _read_checkpoint(path, device)
+            if not problem:
+                for skipped, why in problems:
+                    print(f"conveyor: skipped checkpoint {skipped}: it {why}; using {path.name}", file=sys.stderr)
+                return path, state
+            if problem != GONE:
+                problems.append((path, problem))
+        if problems:
+            older = f" (and so do the {len(paths) - 1} older ones)" if len(paths) > 1 else ""
+            raise CheckpointError(f"no usable checkpoint in {run_dir}/checkpoints: the newest, {problems[0][0].name}, "
+                                  f"{problems[0][1]}{older}: start a new run")
+        # Every one listed was rotated away as it was read: the run that writes them has newer ones by now.
+    raise CheckpointError(f"the checkpoints in {run_dir}/checkpoints were deleted faster than they could be read "
+                          f"({MAX_LISTINGS} listings): lower the run's checkpoint rate, or wait for it to end")
+
+
+MAX_LISTINGS = 5
+"""How often ``load_latest_checkpoint`` lists a run's checkpoints again when every one listed was deleted as it
+read them."""
 
 
 def _read_checkpoint(path: Path, device: torch.device | str) -> tuple[dict[str, Any], str]:
     """``(state, "")``, or ``({}, what is wrong with the file)``."""
     if not path.is_file():
-        return {}, "is not a file"
+        return {}, "is not a file" if path.exists() or path.is_symlink() else GONE
     try:
         with warnings.catch_warnings():
             # torch warns about the pickle protocol of files it is about to refuse: the refusal says it all.
             warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.")
             state = torch.load(path, map_location=device, weights_only=True)
+    except FileNotFoundError:
+        return {}, GONE
     except Exception as error:  # torch raises many types for corrupt zips and refused globals
         return {}, f"is corrupt or not a conveyor checkpoint ({_load_failure(error)})"
     if not isinstance(state, dict) or "model" not in state:

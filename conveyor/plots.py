@@ -24,6 +24,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from conveyor.files import atomic_write
 from conveyor.returns_file import read_returns
 
 SMOOTHING_EPISODES = 100
@@ -121,7 +122,8 @@ def plot_runs(run_dirs: Sequence[Path | str], out_dir: Path | str, labels: Seque
 
 def _save(fig: Any, path: Path, plt: Any) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
+    with atomic_write(path) as f:
+        fig.savefig(f, format="png", dpi=DPI)
     plt.close(fig)
     return path
 

@@ -7,7 +7,7 @@ waits for them within one grace period (``CLOSE_GRACE_S``) and kills whoever is 
 how one ended; a ``RestartBudget`` counts the restarts of dead children against ``max_restarts`` and stops
 the run with one line when they are spent.
 
-Child side: ``child_prologue`` is the first thing every child's entry point runs (it ignores Ctrl-C, reads
+Child side: ``child_prologue`` is the first thing every child's entry point runs (it ignores Ctrl-C and SIGHUP, reads
 the spec, restores the parent's ``sys.path``, and ties the child's life to its parent's: ``die_with_parent``);
 ``parent_gone`` tells a child whose pipes cannot show it that its parent has died (where the kernel cannot
 kill it with its parent).
@@ -143,14 +143,15 @@ class RestartBudget:
 
 # ---- child side --------------------------------------------------------------------------------
 def child_prologue(spec_type: type | None = None) -> Any:
-    """The start of every child's entry point: ignore Ctrl-C (it reaches the whole process group; the parent
-    decides when its children stop), read the spec ``start_child`` wrote, restore the parent's ``sys.path``
+    """The start of every child's entry point: ignore Ctrl-C and SIGHUP (they reach the whole process group: a
+    closed terminal sends SIGHUP; the parent saves the run and decides when its children stop), read the spec ``start_child`` wrote, restore the parent's ``sys.path``
     (so env ids like ``pkg.module:Env-v0`` import the same modules), remember the parent (``parent_gone``)
     and die with it (``die_with_parent``). Returns the spec as a ``spec_type`` NamedTuple (a dataclass field
     as that dataclass again, every list as the tuple its field's type says: ``tuple[ArraySpec, ...]`` as
     ``ArraySpec``s, see ``_from_json``; a plain tuple else), or the dict as sent when ``spec_type`` is None."""
     global _parent_pid
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
     data = json.loads(sys.stdin.buffer.read())
     sys.path[:] = data["sys_path"]
     _parent_pid = data["parent_pid"]

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from conveyor.errors import ConfigError, WorkerFailure
-from conveyor.files import write_text_atomic
+from conveyor.files import open_append, write_text_atomic
 
 INSTALL_HINT = "pip install 'conveyor[ray]' (make venv installs it)"
 CPUS_PER_ACTOR = 1
@@ -255,7 +255,7 @@ def _stderr_to(path: Path) -> Iterator[None]:
     sys.stderr.flush()
     saved = os.dup(2)
     try:
-        with open(path, "ab") as log:
+        with open_append(path) as log:
             os.dup2(log.fileno(), 2)
         yield
     finally:

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import math
 import os
 import random
 import signal
 import sys
 import tempfile
+import termios
 import threading
 import time
 from pathlib import Path
@@ -34,15 +36,16 @@ from conveyor import algos, presets
 from conveyor.config import ENV_BACKEND_CHOICE, RunCfg
 from conveyor.envs.inproc import BackendChoice, choose_backend
 from conveyor.errors import ConfigError, WorkerFailure
-from conveyor.files import write_text_atomic
+from conveyor.files import lock_run_dir, write_text_atomic
 from conveyor.learner import Learner, LossFn, checkpoint_name, load_latest_checkpoint
 from conveyor.telemetry import Telemetry
 from conveyor.tracking import VideoCapture, WandbTracker, flat_config, import_wandb
 
 
-def prepare_out_dir(cfg: RunCfg) -> Path:
-    """Create (or reuse, on resume) the output directory and check it is writable (``conveyor train --resume DIR``
-    sets ``out`` to DIR: a resumed run writes only there)."""
+def prepare_out_dir(cfg: RunCfg) -> tuple[Path, int]:
+    """Create (or reuse, on resume) the output directory, take its lock (``lock_run_dir``: before anything is
+    written there, so that a second run on it writes nothing) and check it is writable (``conveyor train --resume
+    DIR`` sets ``out`` to DIR: a resumed run writes only there). Returns the directory and the lock's descriptor."""
     if cfg.resume and not cfg.out:
         out = Path(cfg.resume)
     elif cfg.out:
@@ -51,12 +54,35 @@ def prepare_out_dir(cfg: RunCfg) -> Path:
         env_name = cfg.env.id.replace("/", "_").replace(":", "_")  # MODULE:ID
         stamp = time.strftime("%Y%m%d-%H%M%S")
         out = Path("runs") / f"{cfg.arch.name}-{cfg.algo.name}-{env_name}-s{cfg.seed}-{stamp}"
+    lock = None
     try:
-        (out / "checkpoints").mkdir(parents=True, exist_ok=True)
+        out.mkdir(parents=True, exist_ok=True)
+        lock = lock_run_dir(out)
+        (out / "checkpoints").mkdir(exist_ok=True)
         tempfile.TemporaryFile(dir=out).close()  # created exclusively (never through a planted link), then gone
     except OSError as error:
+        if lock is not None:
+            os.close(lock)
         raise ConfigError(f"output dir {out} is not writable ({error.strerror}): pass --out a writable directory") from None
-    return out
+    return out, lock
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""What stops a run with its final checkpoint and summary: Ctrl-C, ``kill``, and a closed terminal or dropped SSH
+connection (SIGHUP). Child processes ignore SIGINT and SIGHUP (``procs.child_prologue``): the run stops them."""
+
+
+def leave_hung_up_terminal() -> None:
+    """Point stdout and stderr at /dev/null where they are a terminal that has hung up: every write there fails
+    (EIO), and the run still has its checkpoint and summary to write, and its children to stop."""
+    for fd in (1, 2):
+        try:
+            termios.tcgetattr(fd)
+        except termios.error as error:
+            if error.args[0] == errno.EIO:
+                null = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(null, fd)
+                os.close(null)
 
 
 def seed_everything(seed: int) -> None:
@@ -112,7 +138,19 @@ class Run:
         """Global index of this process's first env (seeds: docs/design.md "Seeds")."""
         if cfg.wandb and self.writes:
             import_wandb()  # a missing package fails before anything is written
-        self.out = prepare_out_dir(cfg) if self.writes else Path(cfg.out)
+        self._dir_lock: int | None = None  # the run directory's lock, held by the process that writes it
+        if self.writes:
+            self.out, self._dir_lock = prepare_out_dir(cfg)
+        else:
+            self.out = Path(cfg.out)
+        try:
+            self._set_up(cfg)
+        except BaseException:
+            self._release_out_dir()
+            raise
+
+    def _set_up(self, cfg: RunCfg) -> None:
+        """The rest of ``__init__``, once this process holds the run directory (a failure releases it)."""
         seed_everything(cfg.seed)
         torch.set_num_threads(cfg.learner_threads)
         # Read the checkpoint before any worker starts, so a bad one fails fast.
@@ -157,7 +195,7 @@ class Run:
     # ---- lifecycle -----------------------------------------------------------------------
     def __enter__(self) -> "Run":
         if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in STOP_SIGNALS:
                 self._previous_handlers[sig] = signal.signal(sig, self._on_signal)
         return self
 
@@ -184,8 +222,16 @@ class Run:
             self.wandb.finish(exit_code=0 if exc is None else 1)
         if self.dist is not None:
             self.dist.close()
+        self._release_out_dir()
+
+    def _release_out_dir(self) -> None:
+        if self._dir_lock is not None:
+            os.close(self._dir_lock)
+            self._dir_lock = None
 
     def _on_signal(self, signum: int, frame: Any) -> None:
+        if signum == signal.SIGHUP:
+            leave_hung_up_terminal()
         self.interrupted.set()
         if self.dist is not None:  # every rank stops at the same update: at the next share_progress
             self._signal = self._signal or signum

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from conveyor.files import atomic_write
+from conveyor.files import atomic_write, open_append
 from conveyor.returns_file import read_returns
 
 # The time-split buckets every architecture reports (PAAC paper fig. 2).
@@ -291,8 +291,9 @@ class Telemetry:
             return
         write_json_atomic(self.out_dir / "summary.json", summary)
         curve = np.array(self.return_curve, dtype=np.float64).reshape(-1, 3)
-        np.savetxt(self.out_dir / "returns.csv", curve, delimiter=",", header="env_steps,wall_time_s,return",
-                   comments="", fmt=["%d", "%.3f", "%.3f"])
+        with atomic_write(self.out_dir / "returns.csv", text=True) as f:
+            np.savetxt(f, curve, delimiter=",", header="env_steps,wall_time_s,return", comments="",
+                       fmt=["%d", "%.3f", "%.3f"])
 
     def write_hparams(self, hparams: dict[str, Any], metric: str = "return_mean_last100") -> None:
         """The run's config values as TensorBoard hparams (the HPARAMS tab), with the scalar ``metric`` as their
@@ -326,19 +327,21 @@ class MetricsCsv:
     def __init__(self, path: Path):
         self.path = Path(path)
         self.columns: list[str] = []
-        if self.path.is_file():
+        if self.path.is_file() and not self.path.is_symlink():  # a planted link is replaced at the first write
             self.columns, rows = read_metrics(self.path)
             with open(self.path, newline="") as f:
                 if next(csv.reader(f), []) != self.columns:  # written with several header blocks: make it one
                     self._rewrite(rows)
 
     def write(self, row: dict[str, float]) -> None:
+        if self.path.is_symlink():  # planted since the last row: replaced (rows written so far went with the file)
+            self.columns = []
         new = [key for key in row if key not in self.columns]
         if new:
             rows = read_metrics(self.path)[1] if self.columns else []
             self.columns += new
             self._rewrite(rows)
-        with open(self.path, "a", newline="") as f:
+        with open_append(self.path, text=True) as f:
             csv.DictWriter(f, self.columns).writerow(row)
 
     def _rewrite(self, rows: list[dict[str, str]]) -> None:

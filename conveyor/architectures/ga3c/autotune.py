@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from conveyor.files import atomic_write
+
 KNOBS = ("agents", "predictors", "trainers")
 
 
@@ -107,4 +109,5 @@ def plot_history(rows: Sequence[dict[str, Any]], path: Path) -> None:
     ax_counts.set_ylabel("count")
     ax_counts.set_xlabel("wall time (s)")
     ax_counts.legend()
-    fig.savefig(path, dpi=100)
+    with atomic_write(path) as f:
+        fig.savefig(f, format="png", dpi=100)

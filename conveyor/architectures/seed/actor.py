@@ -50,6 +50,7 @@ import numpy as np
 
 from conveyor.config import EnvCfg
 from conveyor.errors import ConfigError, WorkerFailure
+from conveyor.files import open_append
 from conveyor.architectures.seed.protocol import PROTOCOL_VERSION, auth_metadata, channel_options, read_token
 from conveyor.procs import RestartBudget, die_with_parent, exit_reason, reap, terminate
 
@@ -91,7 +92,8 @@ def main(args: argparse.Namespace) -> int:
         except OSError as error:
             raise ConfigError(f"cannot read --tls-ca {args.tls_ca} ({error.strerror})") from None
     if os.environ.get(LOCAL_ACTOR_ENV):
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner handles Ctrl-C and stops us
+        for sig in (signal.SIGINT, signal.SIGHUP):  # the learner handles Ctrl-C and a closed terminal, and stops us
+            signal.signal(sig, signal.SIG_IGN)
         die_with_parent(int(os.environ[PARENT_PID_ENV]))  # even while an env hangs (then ours die with us)
     signal.signal(signal.SIGTERM, _exit_on_signal)
     actor = Actor(args.learner, token, args.num_envs, args.num_workers, tls_ca=tls_ca, retry_s=args.retry_s,
@@ -317,7 +319,7 @@ class LocalActors:
             self.processes.append(self._start(index))
 
     def _start(self, index: int) -> subprocess.Popen:
-        with open(self.log_dir / f"actor-{index}.log", "ab") as log:
+        with open_append(self.log_dir / f"actor-{index}.log") as log:
             return subprocess.Popen(self.args, env=self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
 
     def restart_dead(self) -> list[str]:

@@ -61,6 +61,7 @@ from conveyor.ray_launcher import RayLauncher, check_available
 from conveyor.config import RunCfg
 from conveyor.errors import ConfigError
 from conveyor.envs import env_spaces
+from conveyor.files import write_text_atomic
 from conveyor.models import make_model
 from conveyor.architectures.seed.r2d2 import ReplayLearning
 from conveyor.run import Run
@@ -129,7 +130,7 @@ def run(cfg: RunCfg) -> dict[str, Any]:
         batcher.expected_rows = lambda: server.expected_envs  # all but late streams waiting: go
         batcher.on_timeout = server.mark_late
         address = server.start()
-        (run.out / "learner_address").write_text(address + "\n")
+        write_text_atomic(run.out / "learner_address", address + "\n")
         print(f"seed: learner listening on {address}; actors join with "
               f"`conveyor actor --learner {address} --num-envs N` and the token", file=sys.stderr)
         actors = None
