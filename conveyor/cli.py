@@ -23,24 +23,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from conveyor import presets
-from conveyor.config import (AlgoCfg, ArchCfg, EnvCfg, ModelCfg, RunCfg, field_docs, parse_env_arg,
-                             read_config_file)
+from conveyor.config import (AlgoCfg, ArchCfg, EnvCfg, ModelCfg, RunCfg, check_resume_change, field_docs,
+                             flag_name, flat_fields, merged_env_args, parse_env_arg, read_config_file)
 from conveyor.errors import ConfigError, RunFailure, StoppedWhileStarting, WorkerFailure
 
 USAGE_ERROR = 2
 RUN_FAILED = 1
 INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 
-# Flags whose names differ from their field's name (the rest are --field-name).
-RENAMED_FLAGS = {
-    ("env", "id"): "--env",
-    ("env", "backend"): "--env-backend",
-    ("env", "env_args"): "--env-arg",
-    ("model", "name"): "--model",
-    ("algo", "name"): "--algo",
-    ("algo", "lr"): "--lr",
-    ("arch", "name"): "--arch",
-}
 # Second spellings of a flag: --backend is issue 47's name for --env-backend.
 FLAG_ALIASES = {("env", "backend"): ("--backend",)}
 SECTIONS: dict[str, type] = {"env": EnvCfg, "model": ModelCfg, "algo": AlgoCfg, "arch": ArchCfg}
@@ -59,10 +49,6 @@ EXTERNAL_COMMANDS: dict[str, tuple[str, str]] = {
 
 class UsageError(Exception):
     """A mistake in the command line; printed as one line, exit code 2."""
-
-
-def _flag(section: str | None, name: str) -> str:
-    return RENAMED_FLAGS.get((section, name)) or "--" + name.replace("_", "-")
 
 
 def _dest(section: str | None, name: str) -> str:
@@ -94,7 +80,7 @@ def _default_text(section: str | None, fld: dataclasses.Field) -> str:
 
 def _add_field(group: argparse._ArgumentGroup, section: str | None, fld: dataclasses.Field, doc: str,
                hints: dict[str, Any]) -> None:
-    flag, dest = _flag(section, fld.name), _dest(section, fld.name)
+    flag, dest = flag_name(section, fld.name), _dest(section, fld.name)
     flags = (flag, *FLAG_ALIASES.get((section, fld.name), ()))
     help_text = f"{doc.split(chr(10))[0]} (default: {_default_text(section, fld)})".replace("%", "%%")
     hint = hints[fld.name]
@@ -132,7 +118,7 @@ def config_reference() -> str:
             if section is None and fld.name in SECTIONS:
                 continue
             doc = " ".join(docs.get(fld.name, "").split())
-            rows.append(f"| `{_flag(section, fld.name)}` | `{_dest(section, fld.name)}` "
+            rows.append(f"| `{flag_name(section, fld.name)}` | `{_dest(section, fld.name)}` "
                         f"| `{_default_text(section, fld)}` | {doc} |")
     return "\n".join(rows)
 
@@ -146,14 +132,18 @@ def config_from_args(args: argparse.Namespace) -> RunCfg:
     """A RunCfg from the flags that were given; with ``--resume`` the earlier run's config is the base."""
     given = _given_flags(args)
     base: dict[str, Any] = {}
+    recorded: dict[str, Any] = {}
     if given.get("resume"):
         base = _resumed_config(given["resume"], given.get("out"))
+        recorded = flat_fields(RunCfg.from_dict(base))  # config.json checked before any flag is taken
     sections: dict[str, dict[str, Any]] = {name: dict(base.get(name, {})) for name in SECTIONS}
     top = {k: v for k, v in base.items() if k not in SECTIONS}
     for dest, value in given.items():
         section, _, name = dest.rpartition(".")
-        if name == "env_args":
-            value = tuple(value)
+        if name == "env_args":  # on resume: in place of the recorded ones with the same keys, the others kept
+            value = merged_env_args(recorded.get(dest, ()), tuple(value))
+        if recorded and dest not in ("resume", "out"):
+            check_resume_change(dest, recorded[dest], value, given["resume"])  # the rule Run applies again
         (sections[section] if section else top)[name] = value
     data = {**top, **sections}
     return RunCfg.from_dict(data)
@@ -216,22 +206,10 @@ def explain_lines(cfg: RunCfg, given: set[str]) -> list[str]:
     sources = cfg.preset_sources
     family = presets.env_family(cfg.env.id, cfg.env.env_args)
     lines = [f"# {cfg.arch.name}/{cfg.algo.name} on {cfg.env.id} (family {family})"]
-    for key, value in _all_fields(cfg):
+    for key, value in flat_fields(cfg).items():
         origin = f"preset({sources[key]})" if key in sources else "explicit" if key in given else "default"
         lines.append(f"{key} = {value!r}  {origin}")
     return lines
-
-
-def _all_fields(cfg: RunCfg) -> list[tuple[str, Any]]:
-    """Every field of ``cfg`` as (``section.field``, or a ``RunCfg`` field's own name, value), in field order."""
-    out = []
-    for f in dataclasses.fields(cfg):
-        value = getattr(cfg, f.name)
-        if f.name in presets.SECTIONS:
-            out += [(f"{f.name}.{g.name}", getattr(value, g.name)) for g in dataclasses.fields(value)]
-        else:
-            out.append((f.name, value))
-    return out
 
 
 def _summary_line(summary: dict[str, Any]) -> str:
@@ -289,7 +267,7 @@ def _main(argv: list[str] | None) -> int:
         handler: Callable[[argparse.Namespace], int] = args.handler
         return handler(args)
     except expected as error:
-        print(f"conveyor: error: {error}", file=sys.stderr)
+        sys.stderr.write(f"conveyor: error: {error}\n")  # one write: torchrun ranks print theirs at once
         return USAGE_ERROR
     except StoppedWhileStarting as error:
         print(f"conveyor: stopped: {error}", file=sys.stderr)

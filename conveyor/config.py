@@ -60,6 +60,32 @@ RECURRENT_ALGOS = ("vtrace", "impact", "r2d2")
 INFINITY_MEANS_NEVER = ("target_return",)
 """Float fields whose documented ``inf`` means "never"; every other float must be finite."""
 
+SEED_LIMIT = 2**32
+"""Seeds lie in [0, 2**32): numpy's and the envs' seeding take no more."""
+MAX_WIDTH = 16384
+"""Largest MLP layer or LSTM core: a layer of n units after one of n holds n x n weights (1 GiB of float32 here;
+a width of 400000 asked for 640 GB)."""
+MAX_ENVS = 65536
+"""Most envs of a run (each has its rows in every rollout)."""
+MAX_PROCESSES = 1024
+"""Most worker processes or threads of one kind (env workers, agents, actors, predictors, trainers)."""
+
+FLAG_NAMES = {
+    ("env", "id"): "--env",
+    ("env", "backend"): "--env-backend",
+    ("env", "env_args"): "--env-arg",
+    ("model", "name"): "--model",
+    ("algo", "name"): "--algo",
+    ("algo", "lr"): "--lr",
+    ("arch", "name"): "--arch",
+}
+"""``conveyor train`` flags whose names differ from their field's (the rest are ``--field-name``)."""
+
+
+def flag_name(section: str | None, name: str) -> str:
+    """The ``conveyor train`` flag of field ``name`` of ``section`` (None: a ``RunCfg`` field)."""
+    return FLAG_NAMES.get((section, name)) or "--" + name.replace("_", "-")
+
 
 @functools.cache
 def _field_types(cls: type) -> dict[str, Any]:
@@ -128,6 +154,13 @@ def _choice(name: str, value: str, choices: tuple[str, ...], more: str = "") -> 
         raise ConfigError(f"unknown {name} {value!r}: choose one of {', '.join(choices)}{more}")
 
 
+def _at_most(obj: Any, limit: int, why: str, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if value is not None and value > limit:
+            raise ConfigError(f"{name} must be at most {limit} ({why}), got {value}: pass a smaller value")
+
+
 def _unit_interval(obj: Any, *names: str) -> None:
     for name in names:
         value = getattr(obj, name)
@@ -145,6 +178,13 @@ def parse_env_arg(text: str) -> tuple[str, Any]:
     except json.JSONDecodeError:
         value = raw  # a bare string such as dist=exponential
     return key, value
+
+
+def merged_env_args(env_args: tuple[tuple[str, Any], ...],
+                    overrides: tuple[tuple[str, Any], ...]) -> tuple[tuple[str, Any], ...]:
+    """``env_args`` with ``overrides`` (``(key, value)`` pairs) in place of the same keys."""
+    keys = {key for key, _ in overrides}
+    return (*((k, v) for k, v in env_args if k not in keys), *overrides)
 
 
 @dataclass(frozen=True)
@@ -190,6 +230,12 @@ class EnvCfg:
         _typed(self)
         _positive(self, "num_envs", "num_workers", "frame_stack", "frame_skip", "max_env_errors")
         _non_negative(self, "noop_max", "max_restarts", "env_step_timeout_s")
+        _at_most(self, MAX_ENVS, "envs of one run", "num_envs")
+        _at_most(self, MAX_PROCESSES, "processes of one kind", "num_workers")
+        steps = self.kwargs.get("max_episode_steps")  # gymnasium.make's own keyword, not the env's
+        if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps <= 0):
+            raise ConfigError(f"--env-arg max_episode_steps={json.dumps(steps)} must be a positive integer (the "
+                              "steps after which an episode is cut off): pass e.g. max_episode_steps=500")
         _choice("env backend", self.backend, ENV_BACKENDS)
         if self.normalize_reward and self.backend == "envpool":
             raise ConfigError("normalize_reward runs in conveyor's own env loop: use --env-backend shm, inproc or "
@@ -210,8 +256,7 @@ class EnvCfg:
 
     def with_env_args(self, overrides: tuple[tuple[str, Any], ...]) -> EnvCfg:
         """These settings with ``overrides`` (``(key, value)`` pairs) in place of the same keys of ``env_args``."""
-        keys = {key for key, _ in overrides}
-        return dataclasses.replace(self, env_args=(*((k, v) for k, v in self.env_args if k not in keys), *overrides))
+        return dataclasses.replace(self, env_args=merged_env_args(self.env_args, overrides))
 
     @property
     def is_atari(self) -> bool:
@@ -267,7 +312,11 @@ class ModelCfg:
         _positive(self, "gsde_interval")
         if self.hidden is not None and (not self.hidden or any(h <= 0 for h in self.hidden)):
             raise ConfigError(f"hidden sizes must be positive, got {self.hidden}")
+        if self.hidden is not None and max(self.hidden) > MAX_WIDTH:
+            raise ConfigError(f"hidden sizes must be at most {MAX_WIDTH} (a layer of n units holds n x n weights), "
+                              f"got {self.hidden}: pass smaller --hidden sizes")
         _non_negative(self, "lstm_size")
+        _at_most(self, MAX_WIDTH, "its weights grow with its square", "lstm_size")
         if self.separate_value_net and self.lstm_size:
             raise ConfigError(f"separate_value_net does not support a recurrent core (lstm_size {self.lstm_size}; "
                               "r2d2 always has one): drop --separate-value-net or set --lstm-size 0")
@@ -470,6 +519,8 @@ class ArchCfg:
                   "worker_batch", "buffer_batches", "replay_times", "broadcast_interval", "target_update")
         _positive(self, "env_groups")
         _non_negative(self, "burn_in", "local_actors", "replay_ratio")
+        _at_most(self, MAX_PROCESSES, "processes or threads of one kind", "num_actors", "num_agents",
+                 "num_predictors", "num_trainers", "local_actors")
         if self.burn_in is not None and self.seq_len is not None and self.burn_in >= self.seq_len:
             raise ConfigError(f"burn_in ({self.burn_in}) must be smaller than seq_len ({self.seq_len})")
         if bool(self.tls_cert) != bool(self.tls_key):
@@ -533,6 +584,8 @@ class RunCfg:
         object.__setattr__(self, "_preset_sources", resolved.sources)
         _positive(self, "total_steps", "log_interval_s", "keep_checkpoints")
         _non_negative(self, "time_limit_s", "checkpoint_every", "seed", "torch_threads", "capture_video_every")
+        if self.seed >= SEED_LIMIT:
+            raise ConfigError(f"seed must lie in [0, 2**32), got {self.seed}: pass a smaller --seed")
         if self.algo.name == "r2d2" and not self.model.lstm_size:
             raise ConfigError("--algo r2d2 runs a recurrent Q network: pass --lstm-size > 0 (or leave it to the "
                               "preset)")
@@ -620,6 +673,80 @@ def _known(cls: type, data: dict[str, Any], prefix: str) -> None:
     if unknown:
         raise ConfigError(f"unknown config field {', '.join(prefix + name for name in unknown)}: remove it from "
                           "config.json")
+
+
+def flat_fields(cfg: RunCfg) -> dict[str, Any]:
+    """Every field of ``cfg`` as ``section.field`` (a ``RunCfg`` field: its own name) -> value, in field order."""
+    out: dict[str, Any] = {}
+    for fld in dataclasses.fields(cfg):
+        value = getattr(cfg, fld.name)
+        if dataclasses.is_dataclass(value):
+            out.update((f"{fld.name}.{sub.name}", getattr(value, sub.name)) for sub in dataclasses.fields(value))
+        else:
+            out[fld.name] = value
+    return out
+
+
+RESUME_MAY_CHANGE = frozenset({
+    # when it stops
+    "total_steps", "target_return", "time_limit_s",
+    # where it runs: another machine, more or fewer workers, other ports (which process steps an env changes
+    # nothing of its seed, its history or the sampler's draws)
+    "device", "torch_threads", "env.num_workers", "env.backend", "arch.env_groups", "arch.num_actors",
+    "arch.num_predictors", "arch.num_trainers", "arch.max_predict_batch", "arch.inference_batch",
+    "arch.inference_timeout_ms", "arch.local_actors", "arch.listen", "arch.token_file", "arch.tls_cert",
+    "arch.tls_key", "arch.max_message_bytes", "arch.max_actor_envs", "arch.actor_idle_timeout_s", "arch.launcher",
+    "arch.ray_address", "arch.ray_strategy", "arch.replay_bytes", "arch.checkpoint_replay",
+    # faults: the limits, and env keywords (a fault to inject, a longer episode); an env whose spaces they change
+    # no longer fits the checkpoint, one that no longer replays its history is refused at replay
+    "env.max_env_errors", "env.max_restarts", "env.env_step_timeout_s", "env.env_args",
+    # output
+    "out", "resume", "log_interval_s", "checkpoint_every", "keep_checkpoints", "progress", "wandb", "wandb_entity",
+    "wandb_group", "wandb_name", "capture_video_every",
+    # the learning rate, set on the restored optimizer (which would otherwise keep the checkpoint's)
+    "algo.lr",
+})
+"""The fields (``flat_fields`` keys) that ``--resume DIR`` may set to other values than the run's config.json
+records. Every other one is the run: its envs (id, number, wrappers), model, algorithm and its other
+hyperparameters, the architecture's batches, the seed; a checkpoint holds state shaped by them, so a change is
+refused (``check_resume``) before the resumed run writes anything."""
+
+
+def flag_value(value: Any) -> str:
+    """A field's value as its flag takes it: ``--hidden 64,64`` (a tuple, or the list JSON makes of it)."""
+    if isinstance(value, (tuple, list)) and value and all(isinstance(item, int) for item in value):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def check_resume_change(key: str, recorded: Any, value: Any, run_dir: str) -> None:
+    """Refuse field ``key`` (``section.field``) set to ``value`` where the run in ``run_dir`` recorded ``recorded``,
+    unless ``RESUME_MAY_CHANGE`` holds it: one line naming the flag and the recorded value."""
+    if key in RESUME_MAY_CHANGE or value == recorded:
+        return
+    section, _, name = key.rpartition(".")
+    flag = flag_name(section or None, name)
+    raise ConfigError(f"--resume {run_dir}: that run was trained with {flag} {flag_value(recorded)} (its "
+                      f"config.json), and {flag} cannot change on resume (got {flag_value(value)}): drop it, or "
+                      "start a new run with --out (a resume may change when it stops, where it runs, its outputs "
+                      "and --lr)")
+
+
+def check_resume(recorded: RunCfg, cfg: RunCfg) -> None:
+    """Refuse (``check_resume_change``) the first field where ``cfg``, resuming a run, leaves what that run's
+    config, ``recorded``, holds and ``RESUME_MAY_CHANGE`` does not allow it."""
+    before = flat_fields(recorded)
+    for key, value in flat_fields(cfg).items():
+        check_resume_change(key, before[key], value, cfg.resume)
+
+
+def recorded_config(run_dir: Path | str) -> RunCfg:
+    """The config of the run in ``run_dir``, from its ``config.json``; a ConfigError when there is none or it is
+    broken."""
+    path = Path(run_dir) / "config.json"
+    if not path.is_file():
+        raise ConfigError(f"--resume {run_dir}: no config.json there; pass the --out DIR of an earlier run")
+    return RunCfg.from_dict(read_config_file(path))
 
 
 ADDED_FIELDS: dict[str, dict[str, Any]] = {"model": {"weight_init": "orthogonal", "gsde": False}}

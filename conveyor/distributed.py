@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import json
 import os
 import sys
 import time
@@ -34,13 +35,18 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from conveyor.config import EnvCfg, RunCfg
+from conveyor.config import EnvCfg, RunCfg, flag_name, flag_value, flat_fields
 from conveyor.errors import ConfigError, RunFailure
 from conveyor.losses import advantage_moments
 from conveyor.storage.rollout import env_columns, step_samples
 
 ARCHS = ("paac", "hts")
 """The architectures whose learners run data-parallel under torchrun (synchronous: one batch per update)."""
+
+RANK_LOCAL = frozenset({"env.num_workers", "env.backend", "arch.env_groups", "torch_threads"})
+"""Config fields (``config.flat_fields`` keys) that may differ between ranks: how a rank steps its share of the
+envs (the preset's workers follow its machine's CPUs, ``auto`` measures its backend) and its learner's threads.
+Every other field must be rank 0's (``DataParallel.agree``)."""
 
 
 class PeerLost(RunFailure):
@@ -94,6 +100,7 @@ class DataParallel:
         store = dist.PrefixStore(f"conveyor/attempt-{self.restarts}", store)
         with self._together("joining them"):
             dist.init_process_group(self.backend, store=store, rank=self.rank, world_size=self.size)
+        self.agree(cfg)  # the first collective: every later one has shapes the config decides
         self.local_envs = cfg.env.num_envs // self.size
         self.env_offset = self.rank * self.local_envs
         self.allreduce_s, self.allreduces = 0.0, 0  # the gradient all-reduces: time in them (waits included)
@@ -103,6 +110,43 @@ class DataParallel:
             dist.destroy_process_group()
 
     # ---- configuration -------------------------------------------------------------------
+    def agree(self, cfg: RunCfg) -> None:
+        """Collective: refuse, on every rank, a config that differs from rank 0's in a field outside
+        ``RANK_LOCAL`` (ranks started with other flags would train apart, or break a collective): one line
+        naming the first such field of the first such rank, and rank 0's value. Rank 0's config travels as
+        JSON bytes (nothing is unpickled); each rank sends back the index of its first differing field."""
+        fields = [[key, value] for key, value in flat_fields(cfg).items() if key not in RANK_LOCAL]
+        mine = json.loads(json.dumps(fields, default=str))  # as JSON gives it back: tuples become lists
+        data = torch.frombuffer(bytearray(json.dumps(mine).encode()), dtype=torch.uint8).to(self.device)
+        with self._together("comparing their configs"):
+            length = torch.tensor([data.numel()], dtype=torch.int64, device=self.device)
+            dist.broadcast(length, src=0)
+            if self.rank:
+                data = torch.zeros(int(length), dtype=torch.uint8, device=self.device)
+            dist.broadcast(data, src=0)
+            theirs = json.loads(bytes(data.cpu().numpy()).decode())
+            differ = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), -1)
+            if differ < 0 and len(mine) != len(theirs):  # fields one conveyor has and the other lacks
+                differ = min(len(mine), len(theirs))
+            first = torch.tensor([differ], dtype=torch.int64, device=self.device)
+            firsts = [torch.empty_like(first) for _ in range(self.size)]
+            dist.all_gather(firsts, first)
+        refused = [(rank, int(index)) for rank, index in enumerate(firsts) if int(index) >= 0]
+        if not refused:
+            return
+        rank, index = refused[0]
+        if index >= len(theirs):
+            problem = "a config of another conveyor version than rank 0's"
+        else:
+            key, value = theirs[index]
+            section, _, name = key.rpartition(".")
+            flag = flag_name(section or None, name)
+            here = f" (here {flag_value(mine[index][1])})" if rank == self.rank and index < len(mine) else ""
+            problem = f"another {flag} than rank 0's {flag_value(value)}{here}"
+        self.close()
+        raise ConfigError(f"torchrun rank {rank} of {self.size} was started with {problem}: start every rank with "
+                          "the same flags (and the same conveyor)")
+
     def env_cfg(self, env: EnvCfg) -> EnvCfg:
         """This rank's envs: ``env.num_envs / size`` of them (global indices from ``env_offset``)."""
         return dataclasses.replace(env, num_envs=self.local_envs)

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from conveyor import algos, presets
-from conveyor.config import ENV_BACKEND_CHOICE, RunCfg
+from conveyor.config import ENV_BACKEND_CHOICE, RunCfg, check_resume, recorded_config
 from conveyor.envs.inproc import BackendChoice, choose_backend
 from conveyor.errors import ConfigError, WorkerFailure
 from conveyor.files import lock_run_dir, write_text_atomic
@@ -129,6 +129,16 @@ class Run:
             self.dist = DataParallel(cfg)
             cfg = self.dist.restarted(cfg)
         self.writes = self.dist is None or self.dist.rank == 0
+        # A resume reads and checks all it can before anything is written: its checkpoint (a bad one fails fast,
+        # before any worker starts), the world size, and what it changes of the run (config.RESUME_MAY_CHANGE).
+        self.resume_path: Path | None = None
+        self.resume_state: dict[str, Any] = {}
+        self._recorded_cfg: RunCfg | None = None
+        if cfg.resume:
+            self.resume_path, self.resume_state = load_latest_checkpoint(cfg.resume)
+            self._check_world_size()
+            self._recorded_cfg = recorded_config(cfg.resume)
+            check_resume(self._recorded_cfg, cfg)
         cfg, self.env_backend = resolve_env_backend(cfg)
         self.cfg = cfg
         """Whether this process writes the run directory (under torchrun, rank 0 alone)."""
@@ -153,13 +163,10 @@ class Run:
         """The rest of ``__init__``, once this process holds the run directory (a failure releases it)."""
         seed_everything(cfg.seed)
         torch.set_num_threads(cfg.learner_threads)
-        # Read the checkpoint before any worker starts, so a bad one fails fast.
-        self.resume_path: Path | None = None
-        self.resume_state: dict[str, Any] = {}
-        if cfg.resume:
-            self.resume_path, self.resume_state = load_latest_checkpoint(cfg.resume)
-            self._check_world_size()
-        elif self.writes:  # a resumed run's config.json is rewritten once its checkpoint has been restored
+        # A resumed run rewrites its config.json once it has started (its first update or checkpoint): a resume
+        # that fails before that leaves the file as it was, so the run stays resumable as it was.
+        self._config_due = self.writes
+        if not cfg.resume:
             self._write_config()
         # The checkpoints of this run that rotation may delete: never files it did not write (checkpoints/ may
         # link to a directory that holds other runs' checkpoints). Inherited when the run goes on in place.
@@ -276,8 +283,8 @@ class Run:
             self._next_checkpoint = self.telemetry.env_steps + (self.cfg.checkpoint_every or 0)
             if self.videos is not None:
                 self.videos.start_at(self.telemetry.env_steps)
-            if self.writes:
-                self._write_config()
+            if self._recorded_cfg is not None and self._recorded_cfg.algo.lr != self.cfg.algo.lr:
+                learner.set_lr(self._scheduled_lr())  # the restored optimizer holds the recorded one
         if self.dist is not None:
             learner.data_parallel = self.dist
             self.dist.broadcast_([*learner.model.parameters(), *learner.model.buffers()])
@@ -303,6 +310,10 @@ class Run:
         return {} if self.env_backend is None else {ENV_BACKEND_CHOICE: self.env_backend._asdict()}
 
     def _write_config(self) -> None:
+        """config.json, if this process writes the run directory and has not written it yet."""
+        if not self._config_due:
+            return
+        self._config_due = False
         path = self.out / "config.json"
         try:
             write_text_atomic(path, self.cfg.to_json(self._recorded()))
@@ -365,13 +376,14 @@ class Run:
         """Record the update; write a periodic checkpoint when one is due (unless the architecture
         checkpoints at another point of its loop: ``checkpoint=False`` and ``checkpoint_if_due``)."""
         self.telemetry.add_update(metrics)
+        self._write_config()  # a resumed run's, now that it has started
         if self.env_backend is not None and self.writes and self.cfg.progress and self.telemetry.updates == 1:
             # with the progress line, after the first update: a mistake found while the run sets up stays one
             # line, and --no-progress keeps a failure's line the only one (config.json records the choice)
             print(f"conveyor: env backend {self.env_backend.backend} (auto: {self.env_backend.reason})",
                   file=sys.stderr)
         if self.cfg.algo.lr_schedule == "linear":
-            learner.set_lr(self.cfg.algo.lr * max(0.0, 1.0 - self.telemetry.env_steps / self.cfg.total_steps))
+            learner.set_lr(self._scheduled_lr())
         self.telemetry.gauge("skipped_updates", learner.skipped_updates)
         self.telemetry.maybe_log()
         if checkpoint:
@@ -390,6 +402,12 @@ class Run:
             if video:
                 self.videos.record(path, checkpoint_steps(path))  # type: ignore[union-attr]
 
+    def _scheduled_lr(self) -> float:
+        """``--lr``, falling linearly to 0 at ``total_steps`` with ``--lr-schedule linear``."""
+        if self.cfg.algo.lr_schedule == "linear":
+            return self.cfg.algo.lr * max(0.0, 1.0 - self.telemetry.env_steps / self.cfg.total_steps)
+        return self.cfg.algo.lr
+
     def should_stop(self) -> bool:
         cfg, tel = self.cfg, self.telemetry
         if self.stop_event.is_set():
@@ -407,6 +425,7 @@ class Run:
     def checkpoint(self, learner: Learner, **extra: Any) -> Path:
         """Write ``checkpoints/ckpt-<env steps>.pt``, then delete this run's checkpoints beyond the newest
         ``keep_checkpoints`` (only ones it wrote: the list goes into each checkpoint)."""
+        self._write_config()  # never a checkpoint beside a config.json that does not describe it
         tel = self.telemetry
         name = checkpoint_name(tel.env_steps)
         path = self.out / "checkpoints" / name
