@@ -8,7 +8,12 @@ class ConfigError(ValueError):
 class WorkerFailure(RuntimeError):
     """A worker, executor, agent or actor process died, or envs raised more often than
     ``--max-env-errors``. The message names the part (index, pid, envs, exit reason); the run
-    writes a checkpoint before it stops, so ``--resume`` continues from there."""
+    writes a checkpoint before it stops, so ``--resume`` continues from there. ``details``: the traceback behind
+    it, if any (the run appends it to its ``errors.log``)."""
+
+    def __init__(self, message: str, details: str = "") -> None:
+        super().__init__(message)
+        self.details = details
 
 
 class WorkerDied(WorkerFailure):

@@ -1,4 +1,5 @@
-"""Files replaced whole or not at all: checkpoints, ``config.json``, ``summary.json``, ``metrics.csv``.
+"""Files replaced whole or not at all: checkpoints, ``config.json``, ``summary.json``, ``metrics.csv``; and
+logs appended to (``append_text``: ``errors.log``).
 
 ``atomic_write(path)`` yields a file for ``path``'s new contents. It is a temp file beside ``path`` with a
 random name, created exclusively (``O_CREAT | O_EXCL | O_NOFOLLOW``), so a file or symlink planted at a
@@ -37,6 +38,14 @@ def atomic_write(path: Path | str, text: bool = False) -> Iterator[IO[Any]]:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def append_text(path: Path | str, text: str) -> None:
+    """Append ``text`` (UTF-8) to the log file ``path``, creating it if need be; never through a symlink planted
+    at ``path`` (``O_NOFOLLOW``: the write fails instead)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    with os.fdopen(fd, "a", encoding="utf-8", newline="") as f:
+        f.write(text)
 
 
 def write_text_atomic(path: Path | str, text: str) -> None:

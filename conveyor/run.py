@@ -34,10 +34,14 @@ from conveyor import algos, presets
 from conveyor.config import ENV_BACKEND_CHOICE, RunCfg
 from conveyor.envs.inproc import BackendChoice, choose_backend
 from conveyor.errors import ConfigError, WorkerFailure
-from conveyor.files import write_text_atomic
+from conveyor.files import append_text, write_text_atomic
 from conveyor.learner import Learner, LossFn, checkpoint_name, load_latest_checkpoint
 from conveyor.telemetry import Telemetry
 from conveyor.tracking import VideoCapture, WandbTracker, flat_config, import_wandb
+
+
+ERRORS_LOG = "errors.log"
+"""In a run's directory: the tracebacks behind the run's one-line worker errors (``Run._log_error``)."""
 
 
 def prepare_out_dir(cfg: RunCfg) -> Path:
@@ -162,6 +166,8 @@ class Run:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if isinstance(exc, WorkerFailure) and exc.details and self.writes:
+            self._log_error(exc)
         if isinstance(exc, WorkerFailure) and self._learner is not None and self.dist is None:
             # A dead worker loses at most its own unfinished data, never the learner's progress. (Under torchrun
             # a checkpoint needs every rank, and the others are elsewhere: the group resumes from the last one.)
@@ -184,6 +190,17 @@ class Run:
             self.wandb.finish(exit_code=0 if exc is None else 1)
         if self.dist is not None:
             self.dist.close()
+
+    def _log_error(self, failure: WorkerFailure) -> None:
+        """Append ``failure``'s line and the traceback behind it to the run's ``errors.log``, and name that file in
+        its line (the CLI prints the line alone)."""
+        log = self.out / ERRORS_LOG
+        try:
+            append_text(log, f"{time.strftime('%Y-%m-%d %H:%M:%S')} {failure}\n{failure.details.rstrip()}\n\n")
+        except OSError as error:
+            print(f"conveyor: warning: cannot append to {log} ({error.strerror})", file=sys.stderr)
+            return
+        failure.args = (f"{failure} (traceback in {log})",)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.interrupted.set()
