@@ -25,7 +25,7 @@ from typing import Any, Callable
 from conveyor import presets
 from conveyor.config import (AlgoCfg, ArchCfg, EnvCfg, ModelCfg, RunCfg, field_docs, parse_env_arg,
                              read_config_file)
-from conveyor.errors import ConfigError, RunFailure, StoppedWhileStarting, WorkerFailure
+from conveyor.errors import CheckpointError, ConfigError, RunFailure, StoppedWhileStarting, WorkerFailure
 
 USAGE_ERROR = 2
 RUN_FAILED = 1
@@ -250,7 +250,10 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The CLI's parser. With ``command``, only that subcommand's module is imported to add its arguments (the
+    others are listed by name and help alone): ``conveyor actor`` must not import torch, which the other
+    subcommands' modules do."""
     parser = _Parser(prog="conveyor", description="High-throughput deep RL: paac, ga3c, seed, impact, hts.")
     commands = parser.add_subparsers(dest="command", parser_class=_Parser)
     train = commands.add_parser("train", help="train an agent (no flags: PAAC A2C solves CartPole-v1)")
@@ -262,9 +265,10 @@ def build_parser() -> argparse.ArgumentParser:
     shown.set_defaults(handler=cmd_presets)
     for name, (module_name, help_text) in EXTERNAL_COMMANDS.items():
         sub = commands.add_parser(name, help=help_text)
-        module = importlib.import_module(module_name)
-        module.add_arguments(sub)
-        sub.set_defaults(handler=module.main)
+        if command is None or command == name:
+            module = importlib.import_module(module_name)
+            module.add_arguments(sub)
+            sub.set_defaults(handler=module.main)
     return parser
 
 
@@ -277,11 +281,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    from conveyor.learner import CheckpointError
-
     expected: tuple[type[BaseException], ...] = (UsageError, ConfigError, CheckpointError)
+    argv = sys.argv[1:] if argv is None else argv
     try:
-        parser = build_parser()
+        # The first word that is not an option names the subcommand (the top-level parser has only -h).
+        parser = build_parser(next((word for word in argv if not word.startswith("-")), None))
         args = parser.parse_args(argv)
         if args.command is None:
             parser.print_help()

@@ -27,6 +27,11 @@ class StoppedWhileStarting(RuntimeError):
     killed; no step ran, so there is nothing new to save and the run's last checkpoint stands (exit code 0)."""
 
 
+class CheckpointError(RuntimeError):
+    """A checkpoint that is missing, truncated, tampered with, or from another model (exit code 2). Here, not in
+    ``learner.py``, so that the CLI catches it without importing torch (``conveyor actor`` never does)."""
+
+
 class RunFailure(RuntimeError):
     """The run cannot go on, for a reason of its own rather than a worker's: updates that keep coming out
     non-finite (NaN/inf loss or gradients), a checkpoint that cannot be written (a full disk). The message
