@@ -32,6 +32,7 @@ import numpy as np
 
 from conveyor.errors import ConfigError
 from conveyor.envs import EPISODE_KEY
+from conveyor.files import check_output_file, partial_path
 from conveyor.evaluate import EVAL_SEED_OFFSET, add_env_arg_argument
 from conveyor.policy import Policy, load_policy
 
@@ -53,7 +54,7 @@ class VideoRecorder(gym.Wrapper):
         self.path = Path(path)
         self.fps = fps
         self.frames = 0
-        self._partial = self.path.with_name(f".{self.path.stem}.partial{self.path.suffix}")
+        self._partial = partial_path(self.path)
         self._writer: Any = None
         self._size: tuple[int, int] | None = None
 
@@ -232,9 +233,7 @@ def check_arguments(args: argparse.Namespace) -> None:
     if args.video is not None:
         if args.video.suffix.lower() not in VIDEO_SUFFIXES:
             raise ConfigError(f"--video {args.video}: name a {' or '.join(VIDEO_SUFFIXES)} file")
-        if not args.video.parent.resolve().is_dir():
-            raise ConfigError(f"--video {args.video}: directory {args.video.parent} does not exist; create it or "
-                              "pass another path")
+        check_output_file("--video", args.video)
 
 
 def main(args: argparse.Namespace) -> int:

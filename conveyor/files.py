@@ -17,6 +17,8 @@ import secrets
 from pathlib import Path
 from typing import IO, Any, Iterator
 
+from conveyor.errors import ConfigError
+
 @contextlib.contextmanager
 def atomic_write(path: Path | str, text: bool = False) -> Iterator[IO[Any]]:
     """A binary (``text``: UTF-8 text, newlines untranslated) file that becomes ``path`` when the block ends
@@ -38,6 +40,30 @@ def atomic_write(path: Path | str, text: bool = False) -> Iterator[IO[Any]]:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+NAME_MAX = 255
+"""The longest file name, in bytes, of Linux's file systems."""
+
+
+def partial_path(path: Path) -> Path:
+    """The hidden temp name beside ``path`` that a file written by an outside library (a video, an exported
+    network) gets until it is complete and renamed to ``path``."""
+    return path.with_name(f".{path.stem}.partial{path.suffix}")
+
+
+def check_output_file(flag: str, path: Path) -> None:
+    """Refuse in one line (``ConfigError``) an output file ``path``, given as ``flag``, that cannot be written
+    through ``partial_path``: a missing directory, a directory at ``path``, a name too long."""
+    if not path.parent.resolve().is_dir():
+        raise ConfigError(f"{flag} {path}: directory {path.parent} does not exist; create it or pass another path")
+    if path.is_dir():
+        raise ConfigError(f"{flag} {path} is a directory: pass a file name in it")
+    length = len(os.fsencode(path.name))
+    longest = NAME_MAX - (len(os.fsencode(partial_path(path).name)) - length)
+    if length > longest:
+        raise ConfigError(f"{flag}: the file name is {length} bytes long, over the {longest} it may have here (file "
+                          "names have at most 255 bytes, and its temp file's adds 9): pass a shorter one")
 
 
 def append_text(path: Path | str, text: str) -> None:
