@@ -17,6 +17,7 @@ import json
 import math
 import os
 import sys
+import threading
 import types
 import typing
 from pathlib import Path
@@ -26,6 +27,7 @@ from conveyor import presets
 from conveyor.config import (AlgoCfg, ArchCfg, EnvCfg, ModelCfg, RunCfg, field_docs, parse_env_arg,
                              read_config_file)
 from conveyor.errors import CheckpointError, ConfigError, RunFailure, StoppedWhileStarting, WorkerFailure
+from conveyor.procs import adopt_orphans, end_descendants
 
 USAGE_ERROR = 2
 RUN_FAILED = 1
@@ -273,11 +275,39 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``conveyor`` command; its exit code. Without ``argv`` (the command line: this process is the
+    ``conveyor`` command, not a caller of it) the process ends everything an env leaves behind
+    (``_exit_cleanly``)."""
+    if argv is None:
+        adopt_orphans()
     try:
-        return _main(argv)
+        code = _main(argv)
     except KeyboardInterrupt:  # Ctrl-C outside a run's own signal handling (while torch imports, say): no traceback
         print("conveyor: interrupted", file=sys.stderr)
-        return INTERRUPTED
+        code = INTERRUPTED
+    if argv is None:
+        _exit_cleanly(code)
+    return code
+
+
+def _exit_cleanly(code: int) -> None:
+    """End the processes an env left behind (forks, adopted as orphans: ``procs.adopt_orphans``); if threads an
+    env started (not daemons) still run, exit now with ``code`` rather than wait for them forever. The run has
+    closed everything of its own by now: the summary is written and printed, the checkpoints saved. A thread
+    cannot be ended from outside in Python, and with the in-process env backend (or an env that the presets
+    build to read its action space) the env lives in this process by design, so leaving at once is the one way
+    to keep the promise that the command ends."""
+    ended = end_descendants()
+    if ended:
+        print(f"conveyor: ended {len(ended)} process(es) left behind (pids {', '.join(map(str, ended))}), "
+              "started by an env", file=sys.stderr)
+    threads = [t.name for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+    if threads:
+        print(f"conveyor: exiting without waiting for thread(s) {', '.join(threads)}, left running by an env",
+              file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def _main(argv: list[str] | None) -> int:

@@ -12,6 +12,8 @@
 - ``train_killing_one``: a run in this process whose ``match`` child is killed after some updates; checks that
   it was killed, restarted once, and that the run still reached its step count.
 - ``RAISING_ID``: the tagged env, except that its ``reset`` or ``step`` raises from a given call on.
+- ``LEAKY_ID``: the tagged env, except that making it starts a thread that is not a daemon and a process that
+  ignores SIGTERM, both sleeping for an hour (an env that would keep a run from ending).
 - ``NAN_ID``: CartPole whose observations turn NaN after ``nan_after`` steps (``--env-arg nan_after=N``): an env
   that breaks mid-run.
 """
@@ -20,6 +22,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections import defaultdict
@@ -152,6 +156,22 @@ class RaisingEnv(TaggedEnv):
 
 
 gym.register("Raising-v0", entry_point=RaisingEnv)
+
+LEAKY_ID = "tests.fault_env:Leaky-v0"
+
+
+class LeakyEnv(TaggedEnv):
+    """A ``TaggedEnv`` whose construction starts a non-daemon thread and a process in a session of its own that
+    ignores SIGTERM (its command line holds ``marker``, to find it), each sleeping ``sleep_s`` seconds."""
+
+    def __init__(self, marker: str = "conveyor-leaky-env", sleep_s: float = 3600.0) -> None:
+        super().__init__()
+        threading.Thread(target=time.sleep, args=(sleep_s,), name="leaky-env-thread").start()
+        code = f"import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep({sleep_s}) # {marker}"
+        subprocess.Popen([sys.executable, "-c", code], start_new_session=True, stdin=subprocess.DEVNULL)
+
+
+gym.register("Leaky-v0", entry_point=LeakyEnv)
 
 
 def tags(obs: Any) -> np.ndarray:
