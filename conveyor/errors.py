@@ -1,5 +1,12 @@
 """Errors a run reports as one line (the CLI prints them without a traceback)."""
 
+import traceback
+
+
+def error_line(error: BaseException) -> str:
+    """The last line of ``error``'s traceback, on one line: its type and message, e.g. ``ValueError: bad action``."""
+    return " ".join(traceback.format_exception_only(error)[-1].split())
+
 
 class ConfigError(ValueError):
     """An invalid configuration value; the message names the field and the fix (exit code 2)."""

@@ -40,11 +40,10 @@ from conveyor.envs.shm_worker import (
     ObsShapeMismatch,
     WorkerSpec,
     env_worker_layout,
-    error_line,
     read_message,
 )
 from conveyor.envs.vector_api import ObsShapeError, StepResult
-from conveyor.errors import WorkerFailure
+from conveyor.errors import WorkerFailure, error_line
 
 
 class InProcessVectorEnv:

@@ -26,6 +26,7 @@ import numpy as np
 
 from conveyor.envs.gym_api import EPISODE_KEY, LIFE_CONTINUED_KEY
 from conveyor.envs.make import episode_seed, make_env
+from conveyor.errors import error_line
 from conveyor.storage.shm import ArraySpec, SharedArrays
 from conveyor.procs import child_prologue
 
@@ -99,11 +100,6 @@ class ObsShapeMismatch(Exception):
 class EnvRaised(Exception):
     """An env's own call raised; the message names the env and the call and ends with the exception's last line
     (its type and message), and the exception is the cause."""
-
-
-def error_line(error: BaseException) -> str:
-    """The last line of ``error``'s traceback, on one line: its type and message, e.g. ``ValueError: bad action``."""
-    return " ".join(traceback.format_exception_only(error)[-1].split())
 
 
 def write_message(row: np.ndarray, line: str, details: str = "") -> None:

@@ -54,9 +54,9 @@ import torch
 
 from conveyor.acting import CoreCarry, GsdeNoise, policy_step, step_targets
 from conveyor.config import RunCfg
-from conveyor.errors import WorkerDied, WorkerFailure
+from conveyor.errors import WorkerDied, WorkerFailure, error_line
 from conveyor.envs import make_vector_env
-from conveyor.envs.shm_worker import MESSAGE_BYTES, error_line, write_message
+from conveyor.envs.shm_worker import MESSAGE_BYTES, write_message
 from conveyor.models import make_model, policy_family
 from conveyor.architectures.impact.params import ParamBlock
 from conveyor.ray_launcher import where
