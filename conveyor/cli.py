@@ -17,6 +17,7 @@ import json
 import math
 import os
 import sys
+import threading
 import types
 import typing
 from pathlib import Path
@@ -25,7 +26,8 @@ from typing import Any, Callable
 from conveyor import presets
 from conveyor.config import (AlgoCfg, ArchCfg, EnvCfg, ModelCfg, RunCfg, check_resume_change, field_docs,
                              flag_name, flat_fields, merged_env_args, parse_env_arg, read_config_file)
-from conveyor.errors import ConfigError, RunFailure, StoppedWhileStarting, WorkerFailure
+from conveyor.errors import CheckpointError, ConfigError, RunFailure, StoppedWhileStarting, WorkerFailure
+from conveyor.procs import adopt_orphans, end_descendants
 
 USAGE_ERROR = 2
 RUN_FAILED = 1
@@ -228,7 +230,10 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The CLI's parser. With ``command``, only that subcommand's module is imported to add its arguments (the
+    others are listed by name and help alone): ``conveyor actor`` must not import torch, which the other
+    subcommands' modules do."""
     parser = _Parser(prog="conveyor", description="High-throughput deep RL: paac, ga3c, seed, impact, hts.")
     commands = parser.add_subparsers(dest="command", parser_class=_Parser)
     train = commands.add_parser("train", help="train an agent (no flags: PAAC A2C solves CartPole-v1)")
@@ -240,26 +245,55 @@ def build_parser() -> argparse.ArgumentParser:
     shown.set_defaults(handler=cmd_presets)
     for name, (module_name, help_text) in EXTERNAL_COMMANDS.items():
         sub = commands.add_parser(name, help=help_text)
-        module = importlib.import_module(module_name)
-        module.add_arguments(sub)
-        sub.set_defaults(handler=module.main)
+        if command is None or command == name:
+            module = importlib.import_module(module_name)
+            module.add_arguments(sub)
+            sub.set_defaults(handler=module.main)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``conveyor`` command; its exit code. Without ``argv`` (the command line: this process is the
+    ``conveyor`` command, not a caller of it) the process ends everything an env leaves behind
+    (``_exit_cleanly``)."""
+    if argv is None:
+        adopt_orphans()
     try:
-        return _main(argv)
+        code = _main(argv)
     except KeyboardInterrupt:  # Ctrl-C outside a run's own signal handling (while torch imports, say): no traceback
         print("conveyor: interrupted", file=sys.stderr)
-        return INTERRUPTED
+        code = INTERRUPTED
+    if argv is None:
+        _exit_cleanly(code)
+    return code
+
+
+def _exit_cleanly(code: int) -> None:
+    """End the processes an env left behind (forks, adopted as orphans: ``procs.adopt_orphans``); if threads an
+    env started (not daemons) still run, exit now with ``code`` rather than wait for them forever. The run has
+    closed everything of its own by now: the summary is written and printed, the checkpoints saved. A thread
+    cannot be ended from outside in Python, and with the in-process env backend (or an env that the presets
+    build to read its action space) the env lives in this process by design, so leaving at once is the one way
+    to keep the promise that the command ends."""
+    ended = end_descendants()
+    if ended:
+        print(f"conveyor: ended {len(ended)} process(es) left behind (pids {', '.join(map(str, ended))}), "
+              "started by an env", file=sys.stderr)
+    threads = [t.name for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+    if threads:
+        print(f"conveyor: exiting without waiting for thread(s) {', '.join(threads)}, left running by an env",
+              file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def _main(argv: list[str] | None) -> int:
-    from conveyor.learner import CheckpointError
-
     expected: tuple[type[BaseException], ...] = (UsageError, ConfigError, CheckpointError)
+    argv = sys.argv[1:] if argv is None else argv
     try:
-        parser = build_parser()
+        # The first word that is not an option names the subcommand (the top-level parser has only -h).
+        parser = build_parser(next((word for word in argv if not word.startswith("-")), None))
         args = parser.parse_args(argv)
         if args.command is None:
             parser.print_help()

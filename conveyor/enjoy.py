@@ -32,8 +32,8 @@ import numpy as np
 
 from conveyor.errors import ConfigError
 from conveyor.envs import EPISODE_KEY
+from conveyor.files import check_output_file, exclusive_temp
 from conveyor.evaluate import EVAL_SEED_OFFSET, add_env_arg_argument
-from conveyor.files import exclusive_temp
 from conveyor.policy import Policy, load_policy
 
 VIDEO_SUFFIXES = (".mp4", ".mkv", ".mov")
@@ -234,9 +234,7 @@ def check_arguments(args: argparse.Namespace) -> None:
     if args.video is not None:
         if args.video.suffix.lower() not in VIDEO_SUFFIXES:
             raise ConfigError(f"--video {args.video}: name a {' or '.join(VIDEO_SUFFIXES)} file")
-        if not args.video.parent.resolve().is_dir():
-            raise ConfigError(f"--video {args.video}: directory {args.video.parent} does not exist; create it or "
-                              "pass another path")
+        check_output_file("--video", args.video)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -1,5 +1,12 @@
 """Errors a run reports as one line (the CLI prints them without a traceback)."""
 
+import traceback
+
+
+def error_line(error: BaseException) -> str:
+    """The last line of ``error``'s traceback, on one line: its type and message, e.g. ``ValueError: bad action``."""
+    return " ".join(traceback.format_exception_only(error)[-1].split())
+
 
 class ConfigError(ValueError):
     """An invalid configuration value; the message names the field and the fix (exit code 2)."""
@@ -8,7 +15,12 @@ class ConfigError(ValueError):
 class WorkerFailure(RuntimeError):
     """A worker, executor, agent or actor process died, or envs raised more often than
     ``--max-env-errors``. The message names the part (index, pid, envs, exit reason); the run
-    writes a checkpoint before it stops, so ``--resume`` continues from there."""
+    writes a checkpoint before it stops, so ``--resume`` continues from there. ``details``: the traceback behind
+    it, if any (the run appends it to its ``errors.log``)."""
+
+    def __init__(self, message: str, details: str = "") -> None:
+        super().__init__(message)
+        self.details = details
 
 
 class WorkerDied(WorkerFailure):
@@ -20,6 +32,11 @@ class StoppedWhileStarting(RuntimeError):
     """The run was asked to stop (a signal) while its env workers were still starting: building their envs, or
     rebuilding a resumed run's games by replaying their actions, which can take a while on Atari. They are
     killed; no step ran, so there is nothing new to save and the run's last checkpoint stands (exit code 0)."""
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that is missing, truncated, tampered with, or from another model (exit code 2). Here, not in
+    ``learner.py``, so that the CLI catches it without importing torch (``conveyor actor`` never does)."""
 
 
 class RunFailure(RuntimeError):

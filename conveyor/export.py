@@ -11,7 +11,8 @@ network: feed it observations of ``load_policy(run).make_env()``.
 Inputs and outputs (``B``: any batch size):
 
 - ``obs`` ``[B, *obs_shape]``, the env's dtype (uint8 frames, float32 vectors);
-- ``action`` ``[B]`` int64, or ``[B, A]`` float32; ``logits`` ``[B, A]`` (discrete actor-critic), ``mean``
+- ``action`` ``[B]`` int64, or ``[B, A]`` float32 (a row whose float observation holds NaN or inf: -1, or NaN:
+  the file cannot raise, ``conveyor.policy.InferenceNet``); ``logits`` ``[B, A]`` (discrete actor-critic), ``mean``
   ``[B, A]`` (Gaussian, before clipping) or ``q`` ``[B, A]`` (R2D2's Q head); ``value`` ``[B]`` (max Q for a
   Q head);
 - recurrent models (an LSTM core) also take ``state_h``, ``state_c`` ``[1, B, H]`` float32 (zeros at an
@@ -41,7 +42,7 @@ import numpy as np
 import torch
 
 from conveyor.errors import ConfigError
-from conveyor.files import exclusive_temp
+from conveyor.files import check_output_file, exclusive_temp
 from conveyor.policy import Policy, load_policy
 
 FORMATS = ("torchscript", "onnx")
@@ -104,19 +105,24 @@ def _quiet() -> Iterator[None]:
                 logger.setLevel(level)
 
 
-def _partial(out: Path) -> Path:
-    """Where the exporter writes before the rename to ``out``: created exclusively, never a planted link."""
-    return exclusive_temp(out, out.suffix)
+@contextlib.contextmanager
+def _partial(out: Path) -> Iterator[Path]:
+    """The file an exporter writes: created exclusively beside ``out`` (never a planted link), renamed to ``out``
+    when the block ends without an error and removed otherwise (no ``.NAME.partial`` is left behind)."""
+    partial = exclusive_temp(out, out.suffix)
+    try:
+        yield partial
+        os.replace(partial, out)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def export_torchscript(policy: Policy, out: Path) -> None:
     inputs = example_inputs(policy)
     info = json.dumps(description(policy, "torchscript"), indent=2)
-    partial = _partial(out)
-    with _quiet():  # torch 2.13 deprecates torch.jit (in favour of torch.export), and it still works
+    with _partial(out) as partial, _quiet():  # torch 2.13 deprecates torch.jit (for torch.export); it still works
         traced = torch.jit.trace(policy.net, inputs)
         torch.jit.save(traced, str(partial), _extra_files={"conveyor.json": info})
-    os.replace(partial, out)
 
 
 def export_onnx(policy: Policy, out: Path) -> None:
@@ -132,16 +138,15 @@ def export_onnx(policy: Policy, out: Path) -> None:
     if policy.recurrent:
         shapes.update({"state_h": {1: batch}, "state_c": {1: batch}, "prev_action": {0: batch},
                        "prev_reward": {0: batch}})
-    partial = _partial(out)
-    with _quiet():
-        torch.onnx.export(policy.net, inputs, str(partial), input_names=input_names(policy),
-                          output_names=output_names(policy), dynamic_shapes=shapes, dynamo=True, external_data=False,
-                          verbose=False)
-    model = onnx.load(str(partial))
-    entry = model.metadata_props.add()
-    entry.key, entry.value = "conveyor", json.dumps(description(policy, "onnx"))
-    onnx.save(model, str(partial))
-    os.replace(partial, out)
+    with _partial(out) as partial:
+        with _quiet():
+            torch.onnx.export(policy.net, inputs, str(partial), input_names=input_names(policy),
+                              output_names=output_names(policy), dynamic_shapes=shapes, dynamo=True,
+                              external_data=False, verbose=False)
+        model = onnx.load(str(partial))
+        entry = model.metadata_props.add()
+        entry.key, entry.value = "conveyor", json.dumps(description(policy, "onnx"))
+        onnx.save(model, str(partial))
 
 
 def export_policy(policy: Policy, fmt: str, out: Path | str) -> Path:
@@ -149,10 +154,12 @@ def export_policy(policy: Policy, fmt: str, out: Path | str) -> Path:
     if fmt not in FORMATS:
         raise ConfigError(f"unknown export format {fmt!r}: choose one of {', '.join(FORMATS)}")
     out = Path(out)
-    if not out.parent.resolve().is_dir():
-        raise ConfigError(f"--out {out}: directory {out.parent} does not exist; create it or pass another path")
+    check_output_file("--out", out)
     policy.net.cpu().eval()
-    (export_onnx if fmt == "onnx" else export_torchscript)(policy, out)
+    try:
+        (export_onnx if fmt == "onnx" else export_torchscript)(policy, out)
+    except OSError as error:
+        raise ConfigError(f"--out {out}: cannot write it ({error.strerror}); pass a writable path") from None
     return out
 
 
@@ -185,9 +192,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    if not args.out.parent.resolve().is_dir():  # before the (slower) load
-        raise ConfigError(f"--out {args.out}: directory {args.out.parent} does not exist; create it or pass another "
-                          "path")
+    check_output_file("--out", args.out)  # before the (slower) load
     policy = load_policy(args.run, args.checkpoint, "cpu")
     export_policy(policy, args.format, args.out)
     print(f"exported {policy.describe()} to {args.out} ({args.format}): {signature(policy)}")

@@ -10,6 +10,9 @@ disk) leaves no partial file behind. ``exclusive_temp`` is that temp file for wr
 themselves (ffmpeg, ``torch.onnx.export``); ``open_append`` appends (``metrics.csv`` rows, logs) to the file at
 a name, replacing a symlink there rather than writing through it.
 
+``check_output_file`` refuses in one line an output file (a video, an export) that ``exclusive_temp`` cannot
+stand in for: a missing directory, a directory, a name too long for its temp file's.
+
 ``lock_run_dir`` takes the run directory's lock (``DIR/.lock``, ``fcntl.flock``): one process writes a run
 directory at a time, a second one is refused with one line naming the holder; the kernel releases the lock when
 the holder exits, however it ends.
@@ -109,3 +112,24 @@ def lock_run_dir(directory: Path | str) -> int:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
+
+
+NAME_MAX = 255
+"""The longest file name, in bytes, of Linux's file systems."""
+TEMP_NAME_EXTRA = len(f"..{secrets.token_hex(8)}.partial")
+"""What ``exclusive_temp`` adds to a name, besides the suffix it repeats."""
+
+
+def check_output_file(flag: str, path: Path) -> None:
+    """Refuse in one line (``ConfigError``) an output file ``path``, given as ``flag``, that cannot be written
+    through ``exclusive_temp(path, path.suffix)``: a missing directory, a directory at ``path``, a name too long."""
+    if not path.parent.resolve().is_dir():
+        raise ConfigError(f"{flag} {path}: directory {path.parent} does not exist; create it or pass another path")
+    if path.is_dir():
+        raise ConfigError(f"{flag} {path} is a directory: pass a file name in it")
+    length = len(os.fsencode(path.name))
+    longest = NAME_MAX - TEMP_NAME_EXTRA - len(os.fsencode(path.suffix))
+    if length > longest:
+        raise ConfigError(f"{flag}: the file name is {length} bytes long, over the {longest} it may have here (file "
+                          f"names have at most {NAME_MAX} bytes, and its temp file's adds "
+                          f"{NAME_MAX - longest}): pass a shorter one")

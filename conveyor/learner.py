@@ -38,7 +38,7 @@ from torch import Tensor, nn
 
 from conveyor.acting import forward_unrolls
 from conveyor.config import RunCfg
-from conveyor.errors import RunFailure
+from conveyor.errors import CheckpointError, RunFailure
 from conveyor.optim import Adam, Optimizer, RMSprop
 from conveyor.files import atomic_write
 from conveyor.storage.rollout import env_columns, step_samples
@@ -48,10 +48,6 @@ MAX_BAD_BATCHES = 5
 single bad batch (one env's transient NaN, one outlier) costs only itself; few, because a cause that persists
 (an env that returns NaN from now on, parameters that no update can fix) would otherwise burn the rest of the
 run's time learning nothing."""
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that is missing, truncated, tampered with, or from another model."""
 
 
 class CheckpointGone(CheckpointError):

@@ -35,6 +35,7 @@ rewards get its sign, as in training).
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -61,6 +62,10 @@ class RecurrentState(NamedTuple):
     prev_action: Tensor
 
 
+INVALID_ACTION = -1
+"""The discrete action ``InferenceNet`` (an exported file) gives for an observation with NaN or inf."""
+
+
 class InferenceNet(nn.Module):
     """The model with what acting adds, as one module of tensors in and out (``conveyor export`` traces it).
 
@@ -68,7 +73,9 @@ class InferenceNet(nn.Module):
     returns ``(action, head, value[, next_state_h, next_state_c])``: ``action`` the deterministic action
     (argmax of the logits or of Q; the Gaussian mean clipped to the action bounds), ``head`` the logits,
     the Gaussian mean or Q, ``value`` V(obs) (max Q for a Q head). ``prev_reward`` is the env's raw reward;
-    a run trained on Atari's clipped rewards sees its sign, as in training.
+    a run trained on Atari's clipped rewards sees its sign, as in training. A row whose float observation holds
+    NaN or inf gets ``INVALID_ACTION`` (discrete) or NaN actions (continuous): an exported file cannot raise, and a
+    plausible action for a broken observation would hide it (``Policy.act`` raises instead).
     """
 
     def __init__(self, model: nn.Module, action_space: gym.Space, sign_rewards: bool):
@@ -105,6 +112,12 @@ class InferenceNet(nn.Module):
     def forward(self, obs: Tensor, state_h: Tensor | None = None, state_c: Tensor | None = None,
                 prev_action: Tensor | None = None, prev_reward: Tensor | None = None) -> tuple[Tensor, ...]:
         out, greedy = self.outputs(obs, state_h, state_c, prev_action, prev_reward)
+        if obs.is_floating_point():  # an exported file cannot raise: a row with NaN or inf gets no usable action
+            bad = ~torch.isfinite(obs.flatten(1)).all(1)
+            if self.discrete:
+                greedy = torch.where(bad, torch.full_like(greedy, INVALID_ACTION), greedy)
+            else:
+                greedy = torch.where(bad.unsqueeze(-1), torch.full_like(greedy, math.nan), greedy)
         head = out.params if self.discrete else out.policy.mode(out.params)
         if self.recurrent:
             return greedy, head, out.value, out.state[0], out.state[1]
@@ -180,7 +193,9 @@ class Policy:
         return RecurrentState(state.h * keep.view(1, -1, 1), state.c * keep.view(1, -1, 1),
                               state.prev_action * actions)
 
-    def _batch(self, obs: Any) -> tuple[Tensor, bool]:
+    def _batch(self, obs: Any, check: bool) -> tuple[Tensor, bool]:
+        if check:
+            _check_numbers(obs)
         array = np.asarray(obs)
         shape = tuple(self.observation_space.shape)
         if array.shape == shape:
@@ -197,12 +212,17 @@ class Policy:
 
     @torch.no_grad()
     def act(self, obs: Any, state: RecurrentState | None = None, deterministic: bool = False,
-            reward: Any = None) -> tuple[Any, RecurrentState | None]:
+            reward: Any = None, check: bool = True) -> tuple[Any, RecurrentState | None]:
         """``(action, state)`` for ``obs`` (one observation, or a batch with a leading dimension); see the module
         docstring. ``state`` None starts an episode; ``reward`` (recurrent policies) is the env's reward of the
-        step that led to ``obs`` (0 at an episode's start)."""
-        x, single = self._batch(obs)
+        step that led to ``obs`` (0 at an episode's start). Observations that are not numbers (None, strings) or
+        not finite (NaN, inf) raise ``ValueError``; ``check=False`` skips that pass over them (speed). An empty
+        batch ``[0, *obs_shape]`` gives an empty array of actions (and the state as it was)."""
+        x, single = self._batch(obs, check)
         batch_size = x.shape[0]
+        if not batch_size:
+            empty = np.empty((0, *np.shape(self.action_space.sample())), self.action_space.dtype)
+            return empty, state if state is not None or not self.recurrent else self.initial_state(0)
         inputs: tuple[Tensor, ...] = ()
         if self.recurrent:
             if state is None:
@@ -240,6 +260,24 @@ class Policy:
         kind += "Q network" if self.q_head else "actor-critic"
         return (f"{self.cfg.arch.name}/{self.cfg.algo.name} on {self.cfg.env.id}, {kind}, checkpoint "
                 f"{self.checkpoint.name} ({self.env_steps:,} env steps)")
+
+
+def _check_numbers(obs: Any) -> None:
+    """Raise one ``ValueError`` naming the problem unless ``obs`` is an array (or nested lists) of finite numbers."""
+    if obs is None:
+        raise ValueError("the observation is None: pass the env's observation (an array), or a batch of them")
+    try:
+        array = np.asarray(obs)
+    except ValueError as error:  # ragged nested lists
+        raise ValueError(f"observations are not an array of numbers ({error})") from None
+    if array.dtype.kind not in "biuf":
+        found = "None among them" if array.dtype == object and any(item is None for item in array.flat) else \
+            f"dtype {array.dtype}"
+        raise ValueError(f"observations must be numbers, but they hold {found}: pass the env's observations")
+    if array.dtype.kind == "f" and not np.isfinite(array).all():
+        nan, inf = int(np.isnan(array).sum()), int(np.isinf(array).sum())
+        raise ValueError(f"observations must be finite, but they hold {nan} NaN and {inf} inf values: fix the env "
+                         "or what feeds it (check=False skips this check)")
 
 
 def load_policy(run_dir: Path | str, checkpoint: str | int | None = "latest", device: str | torch.device = "cpu",

@@ -15,6 +15,7 @@ kill it with its parent).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import importlib
@@ -105,6 +106,56 @@ def reap(processes: Sequence[subprocess.Popen]) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def adopt_orphans() -> None:
+    """Make this process the reaper of its orphaned descendants (Linux ``PR_SET_CHILD_SUBREAPER``): a process
+    that a child leaves behind (an env that forked, even into a session of its own) becomes this process's child
+    instead of init's, so ``end_descendants`` finds it. A no-op elsewhere."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+def descendants(pid: int | None = None) -> list[int]:
+    """The live processes below ``pid`` (default: this one): its children, theirs, and so on (Linux ``/proc``;
+    empty elsewhere)."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc") if os.path.isdir("/proc") else ():
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/stat", "rb") as f:
+                    state, ppid = f.read().rsplit(b")", 1)[1].split()[:2]
+            except (OSError, ValueError, IndexError):
+                continue  # exited while we looked
+            if state != b"Z":
+                parents.setdefault(int(ppid), []).append(int(entry.name))
+    found, frontier = [], [os.getpid() if pid is None else pid]
+    while frontier:
+        frontier = [child for parent in frontier for child in parents.get(parent, ())]
+        found += frontier
+    return found
+
+
+def end_descendants(grace_s: float = 1.0) -> list[int]:
+    """End every process still below this one: SIGTERM, then SIGKILL for whoever is left after ``grace_s``
+    (processes that ignore SIGTERM), and reap those that are this process's children. Returns their pids."""
+    left = descendants()
+    if not left:
+        return left
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + (grace_s if sig == signal.SIGTERM else CLOSE_GRACE_S)
+        while time.monotonic() < deadline and set(left) & set(descendants()):
+            for pid in left:  # reaped here, our children stop showing as live zombies
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)
+            time.sleep(0.02)
+    return left
 
 
 def exit_reason(code: int | None) -> str:

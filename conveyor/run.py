@@ -36,10 +36,14 @@ from conveyor import algos, presets
 from conveyor.config import ENV_BACKEND_CHOICE, RunCfg, check_resume, recorded_config
 from conveyor.envs.inproc import BackendChoice, choose_backend
 from conveyor.errors import ConfigError, WorkerFailure
-from conveyor.files import lock_run_dir, write_text_atomic
+from conveyor.files import lock_run_dir, open_append, write_text_atomic
 from conveyor.learner import Learner, LossFn, checkpoint_name, load_latest_checkpoint
 from conveyor.telemetry import Telemetry
 from conveyor.tracking import VideoCapture, WandbTracker, flat_config, import_wandb
+
+
+ERRORS_LOG = "errors.log"
+"""In a run's directory: the tracebacks behind the run's one-line worker errors (``Run._log_error``)."""
 
 
 def prepare_out_dir(cfg: RunCfg) -> tuple[Path, int]:
@@ -207,6 +211,8 @@ class Run:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if isinstance(exc, WorkerFailure) and exc.details and self.writes:
+            self._log_error(exc)
         if isinstance(exc, WorkerFailure) and self._learner is not None and self.dist is None:
             # A dead worker loses at most its own unfinished data, never the learner's progress. (Under torchrun
             # a checkpoint needs every rank, and the others are elsewhere: the group resumes from the last one.)
@@ -235,6 +241,18 @@ class Run:
         if self._dir_lock is not None:
             os.close(self._dir_lock)
             self._dir_lock = None
+
+    def _log_error(self, failure: WorkerFailure) -> None:
+        """Append ``failure``'s line and the traceback behind it to the run's ``errors.log``, and name that file in
+        its line (the CLI prints the line alone)."""
+        log = self.out / ERRORS_LOG
+        try:
+            with open_append(log, text=True) as f:
+                f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {failure}\n{failure.details.rstrip()}\n\n")
+        except OSError as error:
+            print(f"conveyor: warning: cannot append to {log} ({error.strerror})", file=sys.stderr)
+            return
+        failure.args = (f"{failure} (traceback in {log})",)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         if signum == signal.SIGHUP:

@@ -11,6 +11,9 @@
 - ``kill_child``: SIGKILLs a child process of this one (an env worker, executor, agent or actor) mid-run.
 - ``train_killing_one``: a run in this process whose ``match`` child is killed after some updates; checks that
   it was killed, restarted once, and that the run still reached its step count.
+- ``RAISING_ID``: the tagged env, except that its ``reset`` or ``step`` raises from a given call on.
+- ``LEAKY_ID``: the tagged env, except that making it starts a thread that is not a daemon and a process that
+  ignores SIGTERM, both sleeping for an hour (an env that would keep a run from ending).
 - ``NAN_ID``: CartPole whose observations turn NaN after ``nan_after`` steps (``--env-arg nan_after=N``): an env
   that breaks mid-run.
 """
@@ -19,6 +22,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections import defaultdict
@@ -123,6 +128,50 @@ class HangingEnv(TaggedEnv):
 
 
 gym.register("Hanging-v0", entry_point=HangingEnv)
+
+RAISING_ID = "tests.fault_env:Raising-v0"
+
+
+class RaisingEnv(TaggedEnv):
+    """A ``TaggedEnv`` whose ``raise_in`` method (``reset`` or ``step``) raises ``ValueError`` from its ``after``-th
+    call on (counted from its construction; ``make_env``'s seeding reset is call 1)."""
+
+    def __init__(self, raise_in: str = "reset", after: int = 2) -> None:
+        super().__init__()
+        self.raise_in, self.after = raise_in, after
+        self.calls = {"reset": 0, "step": 0}
+
+    def _count(self, method: str) -> None:
+        self.calls[method] += 1
+        if method == self.raise_in and self.calls[method] >= self.after:
+            raise ValueError(f"injected fault in {method} call {self.calls[method]}")
+
+    def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[np.ndarray, dict]:
+        self._count("reset")
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
+        self._count("step")
+        return super().step(action)
+
+
+gym.register("Raising-v0", entry_point=RaisingEnv)
+
+LEAKY_ID = "tests.fault_env:Leaky-v0"
+
+
+class LeakyEnv(TaggedEnv):
+    """A ``TaggedEnv`` whose construction starts a non-daemon thread and a process in a session of its own that
+    ignores SIGTERM (its command line holds ``marker``, to find it), each sleeping ``sleep_s`` seconds."""
+
+    def __init__(self, marker: str = "conveyor-leaky-env", sleep_s: float = 3600.0) -> None:
+        super().__init__()
+        threading.Thread(target=time.sleep, args=(sleep_s,), name="leaky-env-thread").start()
+        code = f"import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep({sleep_s}) # {marker}"
+        subprocess.Popen([sys.executable, "-c", code], start_new_session=True, stdin=subprocess.DEVNULL)
+
+
+gym.register("Leaky-v0", entry_point=LeakyEnv)
 
 
 def tags(obs: Any) -> np.ndarray:

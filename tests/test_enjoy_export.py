@@ -332,6 +332,9 @@ def no_checkpoints(runs, tmp_path_factory):
     (["enjoy", "--run", "{paac}", "--video", "{tmp}/a.mp4", "--render", "human"], "choose one"),
     (["enjoy", "--run", "{paac}", "--video", "{tmp}/a.gif"], "name a .mp4"),
     (["enjoy", "--run", "{paac}", "--episodes", "0"], "--episodes must be positive"),
+    (["enjoy", "--run", "{paac}", "--video", "{tmp}/" + "v" * 250 + ".mp4"], "file name is 254 bytes long"),
+    (["export", "--run", "{paac}", "--format", "torchscript", "--out", "{tmp}"], "is a directory"),
+    (["export", "--run", "{paac}", "--format", "onnx", "--out", "{tmp}/" + "x" * 250 + ".onnx"], "file name is"),
 ])
 def test_usage_mistakes_exit_2_with_one_line(runs, no_checkpoints, tmp_path, capsys, args, message):
     names = {"missing": str(tmp_path / "nope"), "tmp": str(tmp_path), "empty": str(no_checkpoints),
@@ -339,3 +342,36 @@ def test_usage_mistakes_exit_2_with_one_line(runs, no_checkpoints, tmp_path, cap
     assert main([arg.format(**names) for arg in args]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("conveyor: error:") and message in err, err
+    assert not list(tmp_path.glob(".*partial*"))  # nothing left behind
+
+
+@pytest.mark.parametrize("name", ["paac", "pendulum", "r2d2"])
+def test_act_refuses_bad_observations_and_takes_an_empty_batch(runs, name):
+    policy = load_policy(runs[name])
+    shape = policy.observation_space.shape
+    good = np.zeros((3, *shape), policy.observation_space.dtype)
+    nan, inf = good.copy(), good.copy()
+    nan[1, 0], inf[2, -1] = np.nan, -np.inf
+    for obs, says in [(nan, "1 NaN and 0 inf"), (inf, "0 NaN and 1 inf"), (nan[1], "1 NaN"), (None, "is None"),
+                      ([None] * shape[0], "None among them"), (np.full(shape, "a"), "dtype <U1")]:
+        with pytest.raises(ValueError, match=re.escape(says)):
+            policy.act(obs)
+    assert np.shape(policy.act(nan, check=False)[0])[0] == 3  # the escape for speed: no pass over the data
+    actions, state = policy.act(np.zeros((0, *shape), policy.observation_space.dtype))
+    assert actions.shape == (0, *policy.action_space.shape) and actions.dtype == policy.action_space.dtype
+    assert (state is None) == (not policy.recurrent)
+
+
+@pytest.mark.parametrize("name", ["paac", "pendulum"])
+def test_exported_network_gives_no_action_for_a_non_finite_observation(runs, tmp_path, name):
+    policy = load_policy(runs[name])
+    out = tmp_path / "policy.pt"
+    assert main(["export", "--run", str(runs[name]), "--format", "torchscript", "--out", str(out)]) == 0
+    obs = np.zeros((3, *policy.observation_space.shape), np.float32)
+    obs[1, 0] = np.nan
+    with torch.no_grad():
+        actions = torch.jit.load(str(out))(torch.as_tensor(obs))[0].numpy()
+    if policy.net.discrete:
+        assert actions[1] == -1 and actions[0] >= 0 and actions[2] >= 0
+    else:
+        assert np.isnan(actions[1]).all() and np.isfinite(actions[[0, 2]]).all()

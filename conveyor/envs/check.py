@@ -30,6 +30,7 @@ from __future__ import annotations
 import numbers
 import sys
 import threading
+import traceback
 import warnings
 from typing import Any
 
@@ -38,7 +39,7 @@ import numpy as np
 
 from conveyor.config import EnvCfg
 from conveyor.envs.gym_api import gym_make
-from conveyor.errors import ConfigError
+from conveyor.errors import ConfigError, WorkerFailure, error_line
 
 PROBE_STEPS = 3
 """Random steps the check takes (after one reset)."""
@@ -140,7 +141,8 @@ def check_env_api(cfg: EnvCfg, seed: int) -> None:
     The env is probed in a thread of its own, waited for up to ``PROBE_TIMEOUT_S``: an env that hangs in its
     first calls cannot hang the run here, where no worker timeout guards it. It is left to its thread, one
     warning line says so, and the workers' timeout (``--env-step-timeout-s``) takes over (an env that is merely
-    that slow to make starts unchecked). The env's own exceptions propagate as they are.
+    that slow to make starts unchecked). The env's own exceptions become a ``WorkerFailure`` naming the env and
+    the exception's last line (its traceback in ``details``).
     """
     key = (cfg.id, repr(cfg.env_args))
     if cfg.is_atari or cfg.is_minatar or key in _checked:
@@ -151,8 +153,11 @@ def check_env_api(cfg: EnvCfg, seed: int) -> None:
         try:
             _probe(cfg, seed)
             outcome.append(None)
-        except BaseException as error:  # handed to the waiting thread
-            outcome.append(error)
+        except ConfigError as refusal:
+            outcome.append(refusal)
+        except BaseException as error:  # the env's own: one line naming it, the traceback for the run's errors.log
+            outcome.append(WorkerFailure(f"env {cfg.id!r} raised during the start-up check of its API: "
+                                         f"{error_line(error)}", "".join(traceback.format_exception(error))))
 
     limit = PROBE_TIMEOUT_S
     with warnings.catch_warnings():

@@ -24,6 +24,7 @@ import math
 import signal
 import threading
 import time
+import traceback
 from typing import Any, Callable, Iterator, NamedTuple
 
 import gymnasium as gym
@@ -34,13 +35,15 @@ from conveyor.envs.history import EnvHistory
 from conveyor.envs.make import env_spaces, make_env
 from conveyor.envs.shm_worker import (
     REPLY_ENV_ERROR,
+    EnvRaised,
     EnvWorker,
     ObsShapeMismatch,
     WorkerSpec,
     env_worker_layout,
+    read_message,
 )
 from conveyor.envs.vector_api import ObsShapeError, StepResult
-from conveyor.errors import WorkerFailure
+from conveyor.errors import WorkerFailure, error_line
 
 
 class InProcessVectorEnv:
@@ -106,9 +109,9 @@ class InProcessVectorEnv:
         views = self._views
         self.history.record(self._actions, views.terminated | views.truncated, self._arrays["new_game"])
         if reply == REPLY_ENV_ERROR and self.env_errors > self.cfg.max_env_errors:
-            message = self._arrays["message"][0].tobytes().split(b"\0", 1)[0].decode("utf-8", "replace")
+            message, details = read_message(self._arrays["message"][0])
             raise WorkerFailure(f"{self.env_errors} env errors exceed max_env_errors={self.cfg.max_env_errors}; "
-                                f"last one: {message}")
+                                f"last one: {message}", details)
         if self.copy:
             return StepResult(*(array.copy() for array in views))
         return views
@@ -140,8 +143,9 @@ class InProcessVectorEnv:
         except ObsShapeMismatch as error:
             raise ObsShapeError(str(error)) from None
         except Exception as error:
-            last = f"{type(error).__name__}: {error}".strip()
-            raise WorkerFailure(f"env {self.cfg.id!r} failed while {action} (in process): {last}") from error
+            said = str(error) if isinstance(error, EnvRaised) else f"env {self.cfg.id!r}: {error_line(error)}"
+            raise WorkerFailure(f"{said}, while {action} (in process)",
+                                "".join(traceback.format_exception(error))) from error
 
 
 MEASURE_LIMIT_S = 3.0

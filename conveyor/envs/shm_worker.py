@@ -26,6 +26,7 @@ import numpy as np
 
 from conveyor.envs.gym_api import EPISODE_KEY, LIFE_CONTINUED_KEY
 from conveyor.envs.make import episode_seed, make_env
+from conveyor.errors import error_line
 from conveyor.storage.shm import ArraySpec, SharedArrays
 from conveyor.procs import child_prologue
 
@@ -42,7 +43,8 @@ REPLY_OBS_SHAPE = b"o"
 REPLY_FATAL = b"x"
 """The worker hit an error it cannot recover from (message in ``message``)."""
 
-MESSAGE_BYTES = 2048
+MESSAGE_BYTES = 8192
+"""A worker's message row: one line for the run's error, then the traceback (its end, if it is long)."""
 
 
 def env_worker_layout(num_envs: int, num_workers: int, obs_space: Any, act_space: Any) -> list[ArraySpec]:
@@ -95,11 +97,33 @@ class ObsShapeMismatch(Exception):
     pass
 
 
-def write_message(row: np.ndarray, text: str) -> None:
-    """Put ``text`` (UTF-8, truncated, zero-terminated) into a worker's message row."""
-    data = text.encode("utf-8", "replace")[:MESSAGE_BYTES - 1]
+class EnvRaised(Exception):
+    """An env's own call raised; the message names the env and the call and ends with the exception's last line
+    (its type and message), and the exception is the cause."""
+
+
+def write_message(row: np.ndarray, line: str, details: str = "") -> None:
+    """Put ``line`` (the one-line error) and, after a newline, ``details`` (a traceback; its end if the row
+    cannot hold it all) into a worker's message row, as zero-terminated UTF-8."""
+    head = line.replace("\n", " ").encode("utf-8", "replace")[:MESSAGE_BYTES - 1]
+    tail = ("\n" + details).encode("utf-8", "replace") if details else b""
+    room = MESSAGE_BYTES - 1 - len(head)
+    data = head + (tail[-room:] if room > 0 else b"")
     row[:] = 0
     row[:len(data)] = np.frombuffer(data, np.uint8)
+
+
+def write_error(row: np.ndarray, error: BaseException) -> None:
+    """``write_message`` of the exception being handled: ``EnvRaised``'s own line (it names the env), else the
+    exception's last line; its traceback."""
+    write_message(row, str(error) if isinstance(error, EnvRaised) else error_line(error), traceback.format_exc())
+
+
+def read_message(row: np.ndarray) -> tuple[str, str]:
+    """A message row's (one-line error, details) as ``write_message`` put them."""
+    text = row.tobytes().split(b"\0", 1)[0].decode("utf-8", "replace")
+    line, _, details = text.partition("\n")
+    return line, details
 
 
 class EnvWorker:
@@ -172,7 +196,11 @@ class EnvWorker:
 
     def reset(self) -> bytes:
         for i, replay in enumerate(self.pending_replay):
-            obs = self.rebuild(i, *replay) if replay else self.start_episode(i)[0]
+            try:
+                obs = self.rebuild(i, *replay) if replay else self.start_episode(i)[0]
+            except Exception as error:
+                raise EnvRaised(f"env {self.first + i} ({self.spec.env_cfg.id}) raised on reset: "
+                                f"{error_line(error)}") from error
             self.put(self.obs, i, obs)
         self.pending_replay = [None] * len(self.envs)
         self.new_game[:] = True
@@ -223,13 +251,17 @@ class EnvWorker:
         where = f"env {self.first + i} ({self.spec.env_cfg.id}) raised on step"
         print(f"conveyor env worker {self.spec.index}: {where}:\n{traceback.format_exc()}", file=sys.stderr,
               flush=True)
-        write_message(self.message, f"{where}: {traceback.format_exception_only(error)[-1].strip()}")
+        write_message(self.message, f"{where}: {error_line(error)}", traceback.format_exc())
         self.env_errors[0] += 1
         self.final_obs[i] = self.obs[i]
-        obs, info = self.start_episode(i)
-        if info.get(LIFE_CONTINUED_KEY, False):  # the failed step left the game in an unknown state: a new one
-            self.next_episode[i] -= 1
-            obs, _ = self.start_episode(i)
+        try:
+            obs, info = self.start_episode(i)
+            if info.get(LIFE_CONTINUED_KEY, False):  # the failed step left the game in an unknown state: a new one
+                self.next_episode[i] -= 1
+                obs, _ = self.start_episode(i)
+        except Exception as reset_error:
+            raise EnvRaised(f"env {self.first + i} ({self.spec.env_cfg.id}) raised on reset after an error on step: "
+                            f"{error_line(reset_error)}") from reset_error
         self.new_game[i] = True
         self.put(self.obs, i, obs)
         self.reward[i] = 0.0
@@ -251,8 +283,8 @@ class EnvWorker:
             except ObsShapeMismatch as exc:
                 write_message(self.message, str(exc))
                 reply = REPLY_OBS_SHAPE
-            except Exception:
-                write_message(self.message, traceback.format_exc())
+            except Exception as exc:
+                write_error(self.message, exc)
                 reply = REPLY_FATAL
             write(reply_fd, reply)
 
@@ -266,8 +298,9 @@ def main() -> None:
     shared = SharedArrays(spec.array_specs, spec.shm_fd)
     try:
         worker = EnvWorker(spec, shared)
-    except Exception:
-        write_message(shared["message"][spec.index], f"building the envs failed:\n{traceback.format_exc()}")
+    except Exception as error:
+        write_message(shared["message"][spec.index], f"building its envs ({spec.env_cfg.id}) failed: "
+                      f"{error_line(error)}", traceback.format_exc())
         os.write(spec.reply_fd, REPLY_FATAL)
         return
     try:

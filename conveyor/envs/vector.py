@@ -72,6 +72,7 @@ from conveyor.envs.shm_worker import (
     REPLY_OBS_SHAPE,
     REPLY_OK,
     WorkerSpec,
+    read_message,
 )
 from conveyor.envs.vector_api import ObsShapeError, StepResult, VectorEnv
 from conveyor.storage.shm import SharedArrays
@@ -494,9 +495,9 @@ class ShmVectorEnv:
         return self._fail(WorkerFailure(f"{named} of {self.cfg.id!r} still {action} {CLOSE_GRACE_S:g} s after "
                                         "the run was asked to stop: killed"))
 
-    def _message(self, worker: _Worker) -> str:
-        raw = self._shared["message"][worker.index].tobytes()
-        return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+    def _message(self, worker: _Worker) -> tuple[str, str]:
+        """The worker's last error: one line, and the traceback behind it."""
+        return read_message(self._shared["message"][worker.index])
 
     def _command(self, worker: _Worker, command: bytes) -> None:
         self._sent_at[worker.index] = time.monotonic()
@@ -570,12 +571,12 @@ class ShmVectorEnv:
             self._raise_for(worker, reply, action)
 
     def _raise_for(self, worker: _Worker, reply: bytes, action: str) -> None:
-        message = self._message(worker)
+        message, details = self._message(worker)
         if reply == REPLY_OBS_SHAPE:
             raise self._fail(ObsShapeError(message))
         if reply == REPLY_FATAL:
-            raise self._fail(WorkerFailure(f"{worker.describe()} failed while {action}: {message}"))
+            raise self._fail(WorkerFailure(f"{worker.describe()} failed while {action}: {message}", details))
         if reply == REPLY_ENV_ERROR and self.env_errors > self.cfg.max_env_errors:
             raise self._fail(WorkerFailure(
                 f"{self.env_errors} env errors exceed max_env_errors={self.cfg.max_env_errors}; "
-                f"last one, in {worker.describe()}: {message}"))
+                f"last one, in {worker.describe()}: {message}", details))

@@ -30,13 +30,12 @@ from __future__ import annotations
 import collections
 import os
 import time
-import traceback
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from conveyor.config import EnvCfg
-from conveyor.envs.shm_worker import EnvWorker, WorkerSpec, write_message
+from conveyor.envs.shm_worker import EnvWorker, WorkerSpec, write_error
 from conveyor.storage.shm import ArraySpec, SharedArrays
 from conveyor.procs import child_prologue
 
@@ -189,8 +188,8 @@ def main() -> None:
     shared = SharedArrays(spec.array_specs, spec.shm_fd)
     try:
         _serve(spec, shared)
-    except BaseException:
-        write_message(shared["message"][spec.index], traceback.format_exc())
+    except BaseException as error:
+        write_error(shared["message"][spec.index], error)
         raise
     finally:
         shared.close()

@@ -44,7 +44,7 @@ import numpy as np
 from conveyor.config import EnvCfg
 from conveyor.errors import ConfigError, WorkerFailure
 from conveyor.envs.make import env_spaces
-from conveyor.envs.shm_worker import env_worker_layout
+from conveyor.envs.shm_worker import env_worker_layout, read_message
 from conveyor.storage.shm import ArraySpec, SharedArrays
 from conveyor.procs import RestartBudget, close_children, exit_reason, reap, start_child
 from conveyor.architectures.hts.executors import GO, RECORD, STOP, ExecutorSpec, records
@@ -258,7 +258,8 @@ class StateBuffer:
         return int(self.shared["env_errors"].sum())
 
     def _message(self, index: int) -> str:
-        return self.shared["message"][index].tobytes().split(b"\0", 1)[0].decode("utf-8", "replace")
+        """Executor ``index``'s last error, in one line (``read_message``; its traceback went to stderr)."""
+        return read_message(self.shared["message"][index])[0]
 
     def close(self) -> None:
         """Stop the executors and free the shared memory (idempotent)."""

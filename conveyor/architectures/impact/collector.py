@@ -54,7 +54,7 @@ import torch
 
 from conveyor.acting import CoreCarry, GsdeNoise, policy_step, step_targets
 from conveyor.config import RunCfg
-from conveyor.errors import WorkerDied
+from conveyor.errors import WorkerDied, WorkerFailure, error_line
 from conveyor.envs import make_vector_env
 from conveyor.envs.shm_worker import MESSAGE_BYTES, write_message
 from conveyor.models import make_model, policy_family
@@ -117,10 +117,13 @@ def worker_main() -> None:
         print(f"conveyor impact worker {spec['index']}: {death}", file=sys.stderr, flush=True)
         write_message(pool["message"][spec["index"]], str(death))  # the learner's line about our death says why
         sys.exit(DIED_EXIT)
-    except Exception:
-        error = traceback.format_exc()
-        print(f"conveyor impact worker {spec['index']}:\n{error}", file=sys.stderr, flush=True)
-        write_message(pool["message"][spec["index"]], error)
+    except Exception as error:
+        trace = traceback.format_exc()
+        print(f"conveyor impact worker {spec['index']}:\n{trace}", file=sys.stderr, flush=True)
+        if isinstance(error, WorkerFailure):  # from its env worker: already one line naming the env
+            write_message(pool["message"][spec["index"]], str(error), f"{error.details}\n{trace}".strip())
+        else:
+            write_message(pool["message"][spec["index"]], error_line(error), trace)
         try:
             os.write(spec["reply_fd"], bytes([FATAL]))
         except OSError:

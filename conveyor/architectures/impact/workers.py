@@ -38,6 +38,7 @@ from typing import Any, Callable
 from conveyor.config import RunCfg
 from conveyor.errors import WorkerFailure
 from conveyor.architectures.impact.collector import FATAL, SLOTS_PER_WORKER
+from conveyor.envs.shm_worker import read_message
 from conveyor.architectures.impact.params import ParamBlock
 from conveyor.storage.shm import SharedArrays
 from conveyor.procs import RestartBudget, close_children, exit_reason, reap, start_child, terminate
@@ -126,7 +127,7 @@ class Workers:
         """Queue the ready slots named in ``data`` (from worker ``index``); False at end of file."""
         if FATAL in data:
             reap([self.processes[index]])
-            raise WorkerFailure(f"{self._end(index, 'failed')}; see its traceback above")
+            raise WorkerFailure(self._end(index, "failed"), read_message(self.pool["message"][index])[1])
         self.delivered[index] = self.delivered[index] or bool(data)
         for local in data:
             slot = index * SLOTS_PER_WORKER + local
@@ -159,11 +160,10 @@ class Workers:
 
     def _end(self, index: int, verb: str) -> str:
         """How worker ``index`` ended, in a line: the worker (index, pid, envs), ``verb`` with its exit reason,
-        its message's last line."""
+        its message's one line (``read_message``)."""
         process, E = self.processes[index], self.cfg.env.envs_per_worker
-        raw = self.pool["message"][index].tobytes().split(b"\0", 1)[0].decode("utf-8", "replace")
-        lines = [line.strip() for line in raw.splitlines() if line.strip()]
-        said = f": {lines[-1]}" if lines else ""
+        line = read_message(self.pool["message"][index])[0]
+        said = f": {line}" if line else ""
         return (f"impact worker {index} (pid {process.pid}, envs {index * E}-{index * E + E - 1}) "
                 f"{verb} ({exit_reason(process.poll())}){said}")
 
