@@ -14,7 +14,7 @@ envs), and ``--device cuda`` puts every learner (and SEED's inference) on the GP
 
 Runs alternate (limit, paac, ga3c, seed, impact, hts, limit, ...) ``--repeats`` times; the table shows medians
 and each architecture's SPS / limit. Issue 19's bar: >= 0.7 for the asynchronous ones on a CPU. The table goes
-to the ``--section`` (default ``env-limit``) of ``BENCHMARKS.md`` and ``benchmarks/results/<section>.csv``.
+to the ``--section`` (default ``env-limit``) of ``docs/benchmarks-log.md`` and ``benchmarks/results/<section>.csv``.
 
     .venv/bin/python benchmarks/env_limit.py                 # about 8 minutes
     .venv/bin/python benchmarks/env_limit.py --seconds 5 --repeats 1 --no-markdown   # a smoke run
@@ -129,8 +129,8 @@ def main() -> int:
     parser.add_argument("--startup-s", type=float, default=15.0, help="seconds each training run gets to start")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--out", default="runs/bench-env-limit", help="run directories")
-    parser.add_argument("--section", default=SECTION, help="BENCHMARKS.md section and results/<section>.csv")
-    parser.add_argument("--no-markdown", action="store_true", help="do not rewrite the BENCHMARKS.md section")
+    parser.add_argument("--section", default=SECTION, help="docs/benchmarks-log.md section and results/<section>.csv")
+    parser.add_argument("--no-markdown", action="store_true", help="do not rewrite the docs/benchmarks-log.md section")
     args = parser.parse_args()
     if args.envs % args.workers:
         parser.error(f"--envs {args.envs} must be a multiple of --workers {args.workers}")

@@ -20,7 +20,7 @@
 #                results folder already holds a longer run, this run's files go beside it, to
 #                benchmarks/results/pong-gpu-ARCH-ALGO-lease-YYYYMMDD/, instead of replacing it.
 # Each step has its own time limit and a failure does not stop the next. Results land where the CPU runs'
-# do (benchmarks/results/, the marked sections of BENCHMARKS.md); the log and a tarball of both go to $1,
+# do (benchmarks/results/, the marked sections of docs/benchmarks-log.md); the log and a tarball of both go to $1,
 # the tarball after every step. GPU_CHECKS="cuda-tests profile" runs only the steps named (default: all).
 #
 #   benchmarks/gpu_checks.sh OUTDIR
@@ -43,7 +43,7 @@ step() {  # step SECONDS NAME COMMAND...: run it under a time limit, log its out
     local start=$SECONDS
     timeout -k 10 "$limit" "$@" 2>&1 | grep -v -e '^A.L.E: Arcade' -e 'Powered by Stella' | tee -a "$log"
     echo "=== $name: exit ${PIPESTATUS[0]} after $((SECONDS - start)) s" | tee -a "$log"
-    tar czf "$out/results.tgz" --exclude=runs BENCHMARKS.md benchmarks/results
+    tar czf "$out/results.tgz" --exclude=runs docs/benchmarks-log.md benchmarks/results
 }
 
 bench=(--device cuda --seconds 8 --startup-s 10 --repeats 1 --out /tmp/env-limit)
@@ -108,6 +108,6 @@ print(steps, ret, str(why).replace(' ', '_') or '?')" "/tmp/$name")
         mkdir -p "$results" && for f in metrics.csv returns.csv summary.json config.json; do
             [[ -f "/tmp/$name/$f" ]] && cp "/tmp/$name/$f" "$results"/
         done
-        tar czf "$out/results.tgz" --exclude=runs BENCHMARKS.md benchmarks/results
+        tar czf "$out/results.tgz" --exclude=runs docs/benchmarks-log.md benchmarks/results
     fi
 done

@@ -20,7 +20,7 @@ Two tables, every row one ``conveyor train`` run of a fixed wall time, training 
 
 SPS is measured between the first metrics row 1 s after the first steps and the last row, both rows where the
 step count had just grown (HTS counts steps by whole rounds: the window spans whole rounds). The tables go to the
-``hts-steptime`` section of ``BENCHMARKS.md`` and to ``benchmarks/results/hts_steptime.csv``.
+``hts-steptime`` section of ``docs/benchmarks-log.md`` and to ``benchmarks/results/hts_steptime.csv``.
 
     .venv/bin/python benchmarks/hts_steptime.py                 # about 20 minutes on 2 cores
     .venv/bin/python benchmarks/hts_steptime.py --seconds 4 --repeats 1 --alphas 4,64 --no-markdown   # a smoke run
@@ -211,7 +211,7 @@ def main() -> int:
     parser.add_argument("--skip-compare", action="store_true", help="only the eq. 7 table")
     parser.add_argument("--skip-eq7", action="store_true", help="only the comparison")
     parser.add_argument("--out", default="runs/bench-hts-steptime", help="run directories")
-    parser.add_argument("--no-markdown", action="store_true", help="do not rewrite the BENCHMARKS.md section")
+    parser.add_argument("--no-markdown", action="store_true", help="do not rewrite the docs/benchmarks-log.md section")
     args = parser.parse_args()
     from conveyor.bench import publish_results
 

@@ -14,7 +14,7 @@ optimizer. The table compares the runs of an env at the same env steps (the fewe
 its time) and at the same wall time (the shortest run), from each run's ``returns.csv``: the mean return
 of the last 100 episodes finished by then; and when that mean first reached ``TARGETS``. Writes
 ``results.csv``, ``table.md`` and plots (return vs steps and vs time, SPS, lag) under
-``benchmarks/results/impact_compare/`` and the ``impact-compare`` section of ``BENCHMARKS.md``.
+``benchmarks/results/impact_compare/`` and the ``impact-compare`` section of ``docs/benchmarks-log.md``.
 
     .venv/bin/python benchmarks/impact_compare.py              # about 6 minutes on 2 cores
     .venv/bin/python benchmarks/impact_compare.py --scale 0.5  # a smoke run
@@ -171,7 +171,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[0])
     parser.add_argument("--work", type=Path, default=ROOT / "bench-results" / SECTION, help="run directories")
     parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results" / "impact_compare")
-    parser.add_argument("--markdown", type=Path, default=ROOT / "BENCHMARKS.md")
+    parser.add_argument("--markdown", type=Path, default=ROOT / "docs/benchmarks-log.md")
     args = parser.parse_args()
     started = time.perf_counter()
     rows = run_suite(make_suite(args.scale, args.seeds), args.work)

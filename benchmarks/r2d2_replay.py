@@ -1,7 +1,7 @@
 """R2D2 on SEED: replay insert/sample throughput, learner updates/s, and env SPS on Pong.
 
 Four measurements, each printed as it finishes and written to the ``r2d2-replay`` section of
-``BENCHMARKS.md`` and to ``benchmarks/results/r2d2_replay.csv``:
+``docs/benchmarks-log.md`` and to ``benchmarks/results/r2d2_replay.csv``:
 
 1. sum-tree: batched priority updates and stratified samples of 64 leaves at capacity 100,000;
 2. replay (``SequenceReplay``, each frame stored once) on Atari-shaped streams (SEED table 8: 80-step
@@ -304,7 +304,7 @@ def main() -> int:
     parser.add_argument("--envs", type=int, default=4, help="Pong: envs per actor")
     parser.add_argument("--quick", action="store_true", help="short measurements (smoke run)")
     parser.add_argument("--out", default="runs/bench-r2d2", help="Pong run directories")
-    parser.add_argument("--no-markdown", action="store_true", help="do not rewrite the BENCHMARKS.md section")
+    parser.add_argument("--no-markdown", action="store_true", help="do not rewrite the docs/benchmarks-log.md section")
     args = parser.parse_args()
     if args.quick:
         args.seconds, args.pong_seconds, args.capacity = 0.5, 10.0, 4_000

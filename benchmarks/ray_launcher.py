@@ -9,7 +9,7 @@ Runs alternate launcher by launcher, ``--repeats`` times; the table shows median
 - SEED: inference latency p50/p99 (an actor's request to its reply, ``summary.json``);
 - IMPACT: policy lag mean (Ray workers act with the weights published when their call was made).
 
-The table goes to the ``ray-launcher`` section of ``BENCHMARKS.md`` and ``benchmarks/results/ray-launcher.csv``.
+The table goes to the ``ray-launcher`` section of ``docs/benchmarks-log.md`` and ``benchmarks/results/ray-launcher.csv``.
 
     .venv/bin/python benchmarks/ray_launcher.py                   # about 6 minutes
     .venv/bin/python benchmarks/ray_launcher.py --seconds 5 --repeats 1 --no-markdown   # a smoke run
@@ -125,7 +125,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=20.0, help="measured seconds per run")
     parser.add_argument("--repeats", type=int, default=2, help="alternating runs per launcher")
     parser.add_argument("--out", default="runs/bench-ray-launcher", help="run directories")
-    parser.add_argument("--no-markdown", action="store_true", help="do not rewrite the BENCHMARKS.md section")
+    parser.add_argument("--no-markdown", action="store_true", help="do not rewrite the docs/benchmarks-log.md section")
     args = parser.parse_args()
     from conveyor.bench import publish_results
 

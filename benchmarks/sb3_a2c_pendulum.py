@@ -66,7 +66,7 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     parser.add_argument("--steps", type=int, default=300_000)
     parser.add_argument("--lr-horizon", type=int, default=1_000_000, help="rl-zoo's n_timesteps (the lr schedule)")
-    # One part of the recipe changed at a time, towards conveyor's choices (BENCHMARKS.md, 2026-11-26):
+    # One part of the recipe changed at a time, towards conveyor's choices (docs/benchmarks-log.md, 2026-11-26):
     parser.add_argument("--ortho-init", action="store_true", help="orthogonal init, as conveyor (rl-zoo: off)")
     parser.add_argument("--gae-lambda", type=float, default=0.9, help="1.0: n-step returns, as conveyor's A2C")
     parser.add_argument("--vf-coef", type=float, default=0.4, help="0.2: conveyor's 0.5 x MSE at rl-zoo's 0.4")

@@ -13,7 +13,7 @@ compute-bound simulator; on CartPole the ranks would mostly wait for gloo), 8 en
 
 A rank's learner and its env worker take turns (PAAC's learner waits while its envs step), so a rank keeps
 about one core busy: a row with more ranks than cores is marked oversubscribed. The table goes to the
-``scaleout`` section of ``BENCHMARKS.md`` and to ``benchmarks/results/scaleout.csv``.
+``scaleout`` section of ``docs/benchmarks-log.md`` and to ``benchmarks/results/scaleout.csv``.
 
     .venv/bin/python benchmarks/scaleout.py              # about 3 minutes
     .venv/bin/python benchmarks/scaleout.py --seconds 5 --no-markdown   # a smoke run
@@ -142,7 +142,7 @@ def main() -> int:
     parser.add_argument("--ranks", default="1,2,4", help="comma-separated P values")
     parser.add_argument("--seconds", type=float, default=20.0, help="measured seconds per configuration")
     parser.add_argument("--out", default="runs/bench-scaleout", help="run directories")
-    parser.add_argument("--no-markdown", action="store_true", help="do not rewrite the BENCHMARKS.md section")
+    parser.add_argument("--no-markdown", action="store_true", help="do not rewrite the docs/benchmarks-log.md section")
     parser.add_argument("--probe", type=int, default=0, help=argparse.SUPPRESS)  # one rank of probe()
     args = parser.parse_args()
     if args.probe:

@@ -10,7 +10,7 @@ CartPole-v1 (MLP) and Pong (Nature CNN, 4x84x84 uint8 frames). Reported per run:
 - server p50: the part of it spent inside the learner (queued for a batch plus the forward pass);
 - batch: mean env rows per inference forward pass; lag: mean policy lag of the trained steps.
 
-The table goes to the ``seed-inference`` section of ``BENCHMARKS.md`` and to
+The table goes to the ``seed-inference`` section of ``docs/benchmarks-log.md`` and to
 ``benchmarks/results/seed_inference.csv``.
 
     .venv/bin/python benchmarks/seed_inference.py              # about 4 minutes on 2 cores
@@ -133,7 +133,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=12.0, help="measured seconds per configuration")
     parser.add_argument("--out", default="runs/bench-seed-inference", help="run directories")
-    parser.add_argument("--no-markdown", action="store_true", help="do not rewrite the BENCHMARKS.md section")
+    parser.add_argument("--no-markdown", action="store_true", help="do not rewrite the docs/benchmarks-log.md section")
     args = parser.parse_args()
     from conveyor.bench import publish_results
 

@@ -6,9 +6,9 @@ from /proc, and the run's env steps are read from its ``metrics.csv``. Memory
 should stay flat: the growth from the end of warm-up (the first ``--warmup``
 fraction of the samples) to the end should be under 10%. Writes ``soak.csv``
 (one row per sample) and ``soak.md`` under ``--out`` and, with
-``--markdown``, the ``soak`` section of BENCHMARKS.md.
+``--markdown``, the ``soak`` section of docs/benchmarks-log.md.
 
-    .venv/bin/python benchmarks/soak.py --minutes 30 --markdown BENCHMARKS.md   # the full soak (2.5 h)
+    .venv/bin/python benchmarks/soak.py --minutes 30 --markdown docs/benchmarks-log.md   # the full soak (2.5 h)
     .venv/bin/python benchmarks/soak.py --minutes 30 --parallel                  # all five at once (30 min)
     .venv/bin/python benchmarks/soak.py --minutes 1 --interval 5                 # a smoke run
     .venv/bin/python benchmarks/soak.py --attack --minutes 10 --interval 10      # SEED under attack
@@ -146,7 +146,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=0.2, help="fraction of samples treated as warm-up")
     parser.add_argument("--archs", default=",".join(ARCH_ALGOS))
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/soak"))
-    parser.add_argument("--markdown", type=Path, default=None, help="BENCHMARKS.md to update")
+    parser.add_argument("--markdown", type=Path, default=None, help="docs/benchmarks-log.md to update")
     parser.add_argument("--parallel", action="store_true", help="run all architectures at the same time")
     parser.add_argument("--attack", action="store_true",
                         help="soak SEED alone with tests.seed_attack running beside it (see the docstring)")

@@ -45,6 +45,8 @@ EXTERNAL_COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("conveyor.export", "export a run's policy network with its preprocessing to TorchScript or ONNX"),
     "bench": ("conveyor.bench", "run a benchmark suite (architectures x algorithms x envs x seeds, peers)"),
     "plot": ("conveyor.plots", "plot returns, SPS and policy-lag histograms of run directories"),
+    "report": ("conveyor.bench.aggregate", "aggregate runs over seeds and envs: IQM with bootstrap CIs, profiles, "
+               "probability of improvement, curves; --export: their small committable form"),
     "actor": ("conveyor.architectures.seed.actor", "run a SEED actor: step envs for a `train --arch seed` learner over gRPC"),
 }
 

@@ -1,4 +1,5 @@
-"""MkDocs hooks: pages that include Markdown files kept outside ``docs/`` (README.md, BENCHMARKS.md).
+"""MkDocs hooks: pages that include Markdown files kept outside ``docs/`` (README.md, BENCHMARKS.md), and the
+images outside ``docs/`` that pages show.
 
 A page says ``<!-- include: PATH -->`` (the whole file) or ``<!-- include: PATH "## Heading" -->`` (the
 body of that section: what follows the heading, up to the next heading of its level or above), PATH relative
@@ -6,7 +7,7 @@ to the page. The comment is invisible where GitHub renders the page; the site ge
 links rewritten to work from the including page: a link into ``docs/`` becomes that page, a link to a file
 that has a page of its own (``PAGE_OF``) becomes that page, and an image outside ``docs/`` is copied into the
 site under its repository path. A page's own links get the same treatment, so a page may link to
-``../BENCHMARKS.md`` (which GitHub shows) and the site links to its results page. So README's module table,
+``../BENCHMARKS.md`` (which GitHub shows) and the site links to its page (reproduce.md). So README's module table,
 BENCHMARKS.md and docs/design.md's pictures exist once, in their files.
 """
 
@@ -25,9 +26,9 @@ INCLUDE = re.compile(r'^<!-- include: (?P<path>\S+)(?: "(?P<heading>[^"]+)")? --
 LINK = re.compile(r'(!?\[[^\]]*\])\(([^)\s#]*)(#[^)\s]*)?((?: "[^"]*")?)\)')
 IMAGE = re.compile(r'!\[[^\]]*\]\(([^)\s#]+)')
 # Repository files that are pages of the site under another name.
-PAGE_OF = {"README.md": "index.md", "BENCHMARKS.md": "results.md"}
-# Files whose images the site copies (the only included files with images).
-IMAGE_SOURCES = ("BENCHMARKS.md",)
+PAGE_OF = {"README.md": "index.md", "BENCHMARKS.md": "reproduce.md"}
+# Files whose images outside docs/ the site copies (benchmarks/results/**/*.png), relative to the repository.
+IMAGE_SOURCES = ("docs/benchmarks-log.md",)
 
 
 def _section(text: str, heading: str, source: Path) -> str:
@@ -85,16 +86,22 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
             text = _section(text, match.group("heading"), source)
         return _rebase(text, source, page_dir)
 
-    # The page's own links first (a link to ../BENCHMARKS.md works on GitHub; here it becomes results.md),
+    # The page's own links first (a link to ../BENCHMARKS.md works on GitHub; here it becomes reproduce.md),
     # then the included text, rebased from its own file.
     return INCLUDE.sub(include, _rebase(markdown, page_file, page_dir))
 
 
 def on_files(files: Files, config) -> Files:
-    """Copy the images the included files show into the site, at their repository paths."""
+    """Copy the images outside docs/ that the files of ``IMAGE_SOURCES`` show into the site, at their repository
+    paths."""
     for name in IMAGE_SOURCES:
-        for path in dict.fromkeys(IMAGE.findall((REPO / name).read_text())):
-            if (REPO / path).is_file() and files.get_file_from_path(path) is None:
+        source = REPO / name
+        for link in dict.fromkeys(IMAGE.findall(source.read_text())):
+            image = (source.parent / link).resolve()
+            if not image.is_file() or image.is_relative_to(DOCS):
+                continue
+            path = image.relative_to(REPO).as_posix()
+            if files.get_file_from_path(path) is None:
                 files.append(File(path, src_dir=str(REPO), dest_dir=config["site_dir"],
                                   use_directory_urls=config["use_directory_urls"]))
     return files

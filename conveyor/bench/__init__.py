@@ -112,7 +112,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="torch device of the conveyor learners (default: the "
                         "preset's, cuda for Atari where torch sees a GPU, else cpu)")
     parser.add_argument("--markdown", "--update-markdown", type=Path, default=None, metavar="FILE",
-                        help="also set this suite's section of FILE (e.g. BENCHMARKS.md) to the results")
+                        help="also set this suite's section of FILE (e.g. docs/benchmarks-log.md) to the results")
     parser.add_argument("--list", action="store_true", help="print the suite's runs and exit")
     # A smoke run of the learning suite's machinery: every step budget times this (0 < X <= 1).
     parser.add_argument("--budget-scale", type=float, default=1.0, help=argparse.SUPPRESS)

@@ -1,4 +1,4 @@
-"""The results of a suite: ``results.csv``, ``results.md``, plots, a section of BENCHMARKS.md.
+"""The results of a suite: ``results.csv``, ``results.md``, plots, a section of docs/benchmarks-log.md.
 
 Fixed-budget suites get one row per run (its summary and evaluation), the
 plots of ``conveyor.plots`` and a table of SPS, returns, evaluation metrics,
@@ -43,6 +43,9 @@ LEARNING_FIELDS = (
     "seeds_reached", "steps_to_threshold_mean", "steps_to_threshold_std", "wall_s_to_threshold_mean",
     "wall_s_to_threshold_std", "eval_protocol", "eval_return_mean", "eval_return_std", "reference", "notes",
 )
+BENCHMARKS_LOG = Path("docs") / "benchmarks-log.md"
+"""The dated benchmark record, relative to the repository root: the scripts under ``benchmarks/`` rewrite its
+marked sections (BENCHMARKS.md says how to reproduce each)."""
 TARGET_STOP, TIME_STOP = "target_return reached", "time_limit_s reached"
 """A run's stop reason when it stopped at its target return / its wall-time limit (``conveyor.run``)."""
 CURVE_POINTS = 200
@@ -161,7 +164,7 @@ def replace_section(text: str, suite_name: str, body: str) -> str:
 
 
 def update_markdown_section(path: Path, section: str, body: str) -> None:
-    """Set the marked ``section`` of the Markdown file at ``path`` (BENCHMARKS.md) to ``body``."""
+    """Set the marked ``section`` of the Markdown file at ``path`` (``BENCHMARKS_LOG``) to ``body``."""
     text = path.read_text() if path.is_file() else "# Benchmarks\n"
     path.write_text(replace_section(text, section, body))
 
@@ -176,13 +179,13 @@ def device_name(device: str) -> str:
 def publish_results(root: Path, section: str, rows: Sequence[dict[str, Any]], table: str,
                     markdown: bool = True) -> None:
     """What a ``benchmarks/*.py`` script leaves: ``rows`` in ``benchmarks/results/<section>.csv`` (``-`` as
-    ``_``), ``table`` on stdout and, with ``markdown``, as the ``section`` of ``BENCHMARKS.md``."""
+    ``_``), ``table`` on stdout and, with ``markdown``, as the ``section`` of ``BENCHMARKS_LOG``."""
     results = root / "benchmarks" / "results" / f"{section.replace('-', '_')}.csv"
     results.parent.mkdir(parents=True, exist_ok=True)
     write_csv(results, rows)
     print(table)
     if markdown:
-        update_markdown_section(root / "BENCHMARKS.md", section, table)
+        update_markdown_section(root / BENCHMARKS_LOG, section, table)
 
 
 def _num(value: Any, digits: int = 0) -> str:
