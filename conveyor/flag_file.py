@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ from conveyor.files import write_text_atomic
 def read_flag_file(path: Path | str, known: set[str]) -> dict[str, Any]:
     """The file's ``flag name -> value`` (TOML values); ``known``: the flag names it may use. A file that cannot
     be read, is not TOML or names another key is a one-line ``ConfigError``."""
+    import tomllib  # here: every `conveyor` command imports this module, few read a file
     try:
         data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as error:

@@ -22,7 +22,6 @@ entries, so the file's tables are the whole space::
 from __future__ import annotations
 
 import math
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Union
@@ -120,6 +119,7 @@ def space_for(arch: str, algo: str, family: str) -> Space:
 def read_space_file(path: Path | str, space: Space, known: set[str]) -> Space:
     """``space`` changed by the TOML file at ``path`` (see the module docstring); ``known``: the train flag names a
     parameter may have. A file that cannot be read or names an unknown flag is a one-line ``ConfigError``."""
+    import tomllib  # here: every `conveyor` command imports this module, few read a file
     try:
         data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as error:
