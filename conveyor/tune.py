@@ -461,8 +461,8 @@ def _cell(value: Any) -> str:
 
 
 def plot(optuna: Any, study: Any, out: Path) -> None:
-    """``history.png`` and ``importance.png``; a plot Optuna cannot draw (importances need two finished trials
-    whose parameters differ) is left out with one line saying why."""
+    """``history.png`` and ``importance.png``; a plot Optuna cannot draw (importances need two finished trials)
+    is left out with one line saying why."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -470,8 +470,12 @@ def plot(optuna: Any, study: Any, out: Path) -> None:
 
     from optuna.visualization import matplotlib as optuna_plots
 
-    for name, draw in (("history.png", optuna_plots.plot_optimization_history),
-                       ("importance.png", optuna_plots.plot_param_importances)):
+    plots = [("history.png", optuna_plots.plot_optimization_history)]
+    if len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))) >= 2:
+        plots.append(("importance.png", optuna_plots.plot_param_importances))
+    else:
+        print("no importance.png: importances need two finished trials")
+    for name, draw in plots:
         try:
             axes = draw(study)
             axes.figure.set_size_inches(8, 5)

@@ -139,6 +139,21 @@ def test_study_of_another_env_is_refused_and_kept(tmp_path, capsys):
 
 
 # ---- studies (real runs: each trial is a `conveyor train` process) ------------------------------------------------
+def test_one_trial_study_writes_best_toml_that_train_runs(tmp_path, capsys):
+    out = tmp_path / "study"
+    assert main(["tune", *SMALL, "--trials", "1", "--steps", "2000", "--jobs", "1", "--out", str(out)]) == 0
+    shown = capsys.readouterr().out
+    (trial,) = trials_of(f"sqlite:///{(out / 'study.db').resolve()}")
+    assert trial.state.name == "COMPLETE" and f"trial 0: {trial.value:.4g}" in shown
+    assert "best: trial 0" in shown and (out / "history.png").stat().st_size
+    assert "no importance.png" in shown, "importances need two finished trials: said, not drawn"
+    cfg = config_from_args(build_parser().parse_args(["train", "--config", str(out / "best.toml")]))
+    ran = json.loads((out / "trial-0" / "config.json").read_text())
+    assert cfg.algo.lr == ran["algo"]["lr"] == trial.params["lr"] and cfg.total_steps == 2000
+    assert cfg.env.num_envs == trial.params["num-envs"] and cfg.algo.entropy_coef == trial.params["entropy-coef"]
+    assert not processes_of_this_tuner()
+
+
 @pytest.mark.slow
 def test_study_completes_resumes_after_sigint_and_best_toml_runs(tmp_path):
     out = tmp_path / "study"
