@@ -232,8 +232,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
-    """Without train flags: the preset tables. With them: the run's resolved config, one line per field,
-    each value marked explicit, preset(LAYER) or default."""
+    """Without train flags: the preset tables. With them (or ``--config FILE``): the run's resolved config, one
+    line per field, each value marked explicit, config(FILE) over what it replaces, preset(LAYER) or default."""
     given = _command_line_flags(args)
     if not given and not args.config:
         print("\n".join(table_lines()))
