@@ -290,7 +290,9 @@ class Tuner:
             if self.stop.is_set():
                 return None
             self.optuna.storages.fail_stale_trials(self.study)
-            if budget_used(self.optuna, self.study.get_trials(deepcopy=False)) >= self.trials:
+            trials = self.study.get_trials(deepcopy=False)
+            waiting = any(trial.state == self.optuna.trial.TrialState.WAITING for trial in trials)
+            if not waiting and budget_used(self.optuna, trials) >= self.trials:  # a waiting retry has its slot
                 return None
             trial = self.study.ask()
             self.heartbeat(trial)

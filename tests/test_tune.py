@@ -20,11 +20,14 @@ from conveyor.flag_file import read_flag_file, write_flag_file
 
 optuna = pytest.importorskip("optuna")
 
-from conveyor.tune import PARENT_PID_ENV, RETRY_OF, Tuner, budget_used, import_optuna, open_study  # noqa: E402
+from conveyor.tune import (PARENT_PID_ENV, RETRY_OF, Tuner, budget_used, import_optuna, open_study,  # noqa: E402
+                           retry)
+from conveyor.tune_space import Range  # noqa: E402
 
 import_optuna()  # as `conveyor tune` does: Optuna's warnings about its experimental parts off
 
-pytestmark = pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning"),
+              pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used with Study.optimize")]
 SMALL = ["--arch", "paac", "--env", "CartPole-v1"]
 
 
@@ -154,6 +157,24 @@ def test_one_trial_study_writes_best_toml_that_train_runs(tmp_path, capsys):
     assert not processes_of_this_tuner()
 
 
+def test_a_trial_whose_tuner_died_runs_again_once(tmp_path):
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'study.db'}", heartbeat_interval=1, grace_period=1,
+                                         heartbeat_stale_trial_callback=retry)
+    study = optuna.create_study(storage=storage, direction="maximize")
+    dead = study.ask()
+    lr = dead.suggest_float("lr", 1e-4, 1e-2, log=True)
+    storage.record_heartbeat(dead._trial_id)  # its tuner beat once, then was killed (SIGKILL: no goodbye)
+    tuner = Tuner(optuna, study, {"lr": Range(1e-4, 1e-2, log=True)}, {}, tmp_path, 1, 0)
+    deadline = time.monotonic() + 30
+    while (trial := tuner.next_trial()) is None:  # the dead trial holds the only slot until its heartbeat is stale
+        assert time.monotonic() < deadline, "the dead trial was never failed"
+        time.sleep(0.2)
+    assert tuner.params(trial) == {"lr": lr} and trial.user_attrs[RETRY_OF] == dead.number
+    assert budget_used(optuna, study.get_trials()) == 1
+    study.tell(trial, 1.0)
+    assert tuner.next_trial() is None, "the study's one trial is done"
+
+
 @pytest.mark.slow
 def test_study_completes_resumes_after_sigint_and_best_toml_runs(tmp_path):
     out = tmp_path / "study"
@@ -205,8 +226,6 @@ def test_pruned_trial_stops_its_run_and_leaves_no_process(tmp_path):
     study = optuna.create_study(direction="maximize", pruner=optuna.pruners.ThresholdPruner(lower=1e9))
     fixed = {"arch": "paac", "algo": "a2c", "env": "CartPole-v1", "total-steps": 300_000,
              "target-return": math.inf, "env-backend": "shm"}
-    from conveyor.tune_space import Range
-
     interrupted = Tuner(optuna, study, {"lr": Range(1e-3, 2e-3)}, fixed, tmp_path, 1, 0).run(1)
     assert not interrupted
     (trial,) = study.get_trials()
