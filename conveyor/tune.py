@@ -47,7 +47,7 @@ from conveyor.flag_file import read_flag_file, write_flag_file
 from conveyor.hosts import usable_cpus
 from conveyor.presets import ARCH_ALGOS, env_family, own_algo
 from conveyor.procs import die_with_parent
-from conveyor.tune_space import Choice, Range, Space, describe, read_space_file, space_for
+from conveyor.tune_space import Choice, Space, describe, read_space_file, space_for
 
 PARENT_PID_ENV = "CONVEYOR_TUNE_PARENT_PID"
 TRIAL_ENTRY = "from conveyor.tune import trial_main; trial_main()"
