@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 venv: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,envpool,ray,docs]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,envpool,ray,docs,tune]'
 	touch $(STAMP)
 
 # The default job: PAAC A2C solves CartPole-v1 (mean return of the last 100 episodes >= 475).

@@ -1,4 +1,4 @@
-"""``conveyor train|presets|actor|eval|enjoy|export|bench|plot``.
+"""``conveyor train|presets|actor|eval|enjoy|export|bench|plot|tune``.
 
 ``train`` flags are generated from the config dataclasses, one per field,
 with the field's docstring as help; so the docs' configuration table,
@@ -28,6 +28,7 @@ from conveyor.config import (AlgoCfg, ArchCfg, EnvCfg, ModelCfg, RunCfg, check_r
                              flag_name, flat_fields, merged_env_args, parse_env_arg, read_config_file)
 from conveyor.errors import CheckpointError, ConfigError, RunFailure, StoppedWhileStarting, WorkerFailure
 from conveyor.procs import adopt_orphans, end_descendants
+from conveyor.flag_file import flag_tokens, read_flag_file
 
 USAGE_ERROR = 2
 RUN_FAILED = 1
@@ -48,6 +49,7 @@ EXTERNAL_COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("conveyor.bench.aggregate", "aggregate runs over seeds and envs: IQM with bootstrap CIs, profiles, "
                "probability of improvement, curves; --export: their small committable form"),
     "actor": ("conveyor.architectures.seed.actor", "run a SEED actor: step envs for a `train --arch seed` learner over gRPC"),
+    "tune": ("conveyor.tune", "search hyperparameters with Optuna: parallel trials, pruning, best.toml for --config"),
 }
 
 
@@ -103,6 +105,9 @@ def _add_field(group: argparse._ArgumentGroup, section: str | None, fld: datacla
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help="a TOML file of these flags keyed by their names without "
+                        "the dashes (lr = 0.001, num-envs = 16; `conveyor tune` writes best.toml): flags given here "
+                        "win over it, and it wins over the presets")
     for section, cls in [(None, RunCfg), *SECTIONS.items()]:
         group = parser.add_argument_group(section or "run")
         docs = field_docs(cls)
@@ -127,9 +132,54 @@ def config_reference() -> str:
     return "\n".join(rows)
 
 
-def _given_flags(args: argparse.Namespace) -> dict[str, Any]:
+def _command_line_flags(args: argparse.Namespace) -> dict[str, Any]:
     """``section.field`` (or a RunCfg field name) -> value, for every train flag on the command line."""
-    return {k: v for k, v in vars(args).items() if v is not None and k not in ("command", "handler")}
+    return {k: v for k, v in vars(args).items() if v is not None and k not in ("command", "handler", "config")}
+
+
+def _given_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """``_command_line_flags`` over the values of ``--config FILE``."""
+    return {**_file_flags(args), **_command_line_flags(args)}
+
+
+def train_flag_types() -> dict[str, Any]:
+    """The train flags' names without their dashes (the keys of a ``--config`` file) -> their fields' types
+    (``int`` for ``int | None``)."""
+    types_by_name = {}
+    for section, cls in [(None, RunCfg), *SECTIONS.items()]:
+        hints = typing.get_type_hints(cls)
+        for fld in dataclasses.fields(cls):
+            if not (section is None and fld.name in SECTIONS):
+                hint = hints[fld.name]
+                if typing.get_origin(hint) in (typing.Union, types.UnionType):
+                    hint = next(arg for arg in typing.get_args(hint) if arg is not type(None))
+                for flag in (_flag(section, fld.name), *FLAG_ALIASES.get((section, fld.name), ())):
+                    types_by_name[flag.removeprefix("--")] = hint
+    return types_by_name
+
+
+def _train_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="conveyor train")
+    add_train_arguments(parser)
+    return parser
+
+
+def config_from_flags(flags: dict[str, Any]) -> RunCfg:
+    """The RunCfg of train flags given as a ``--config`` file gives them (name without dashes -> value)."""
+    return config_from_args(_train_parser().parse_args(flag_tokens(flags)))
+
+
+def _file_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The values of ``--config FILE`` (``flag_file.py``) under the names the flags' values go by, read by the
+    train parser as if given on the command line."""
+    path = getattr(args, "config", None)
+    if not path:
+        return {}
+    try:
+        parsed = _train_parser().parse_args(flag_tokens(read_flag_file(path, set(train_flag_types()))))
+    except UsageError as error:
+        raise UsageError(f"--config {path}: {error}") from None
+    return _command_line_flags(parsed)
 
 
 def config_from_args(args: argparse.Namespace) -> RunCfg:
@@ -176,12 +226,28 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
-    """Without train flags: the preset tables. With them: the run's resolved config, one line per field,
-    each value marked explicit, preset(LAYER) or default."""
-    given = _given_flags(args)
-    lines = explain_lines(config_from_args(args), set(given)) if given else table_lines()
-    print("\n".join(lines))
+    """Without train flags: the preset tables. With them (or ``--config FILE``): the run's resolved config, one
+    line per field, each value marked explicit, config(FILE) over what it replaces, preset(LAYER) or default."""
+    given = _command_line_flags(args)
+    if not given and not args.config:
+        print("\n".join(table_lines()))
+        return 0
+    print("\n".join(explain_lines(config_from_args(args), set(given), _file_origins(args, set(given)))))
     return 0
+
+
+def _file_origins(args: argparse.Namespace, given: set[str]) -> dict[str, str]:
+    """For each value ``--config FILE`` sets (and no flag overrides): the file, and what it overrides there."""
+    from_file = set(_file_flags(args)) - given
+    if not from_file:
+        return {}
+    try:
+        without = config_from_args(argparse.Namespace(**{**vars(args), "config": None}))
+    except (ConfigError, UsageError):  # the file's values are what make the flags valid: no base to compare
+        return {key: f"config({args.config})" for key in from_file}
+    values, sources = dict(_all_fields(without)), without.preset_sources
+    return {key: f"config({args.config}) over {f'preset({sources[key]})' if key in sources else 'default'} "
+                 f"{values[key]!r}" for key in from_file}
 
 
 def table_lines() -> list[str]:
@@ -204,14 +270,16 @@ def table_lines() -> list[str]:
     return lines
 
 
-def explain_lines(cfg: RunCfg, given: set[str]) -> list[str]:
+def explain_lines(cfg: RunCfg, given: set[str], file_origins: dict[str, str] | None = None) -> list[str]:
     """One line per field of ``cfg``: value and origin, ``explicit`` (in ``given``, ``section.field`` names),
+    ``config(FILE) over ...`` (``file_origins``: the values of ``--config FILE``, beside what they override),
     ``preset(LAYER)`` or ``default`` (the dataclass default)."""
     sources = cfg.preset_sources
     family = presets.env_family(cfg.env.id, cfg.env.env_args)
     lines = [f"# {cfg.arch.name}/{cfg.algo.name} on {cfg.env.id} (family {family})"]
     for key, value in flat_fields(cfg).items():
         origin = f"preset({sources[key]})" if key in sources else "explicit" if key in given else "default"
+        origin = (file_origins or {}).get(key, origin)
         lines.append(f"{key} = {value!r}  {origin}")
     return lines
 
