@@ -153,7 +153,7 @@ def train_flag_types() -> dict[str, Any]:
                 hint = hints[fld.name]
                 if typing.get_origin(hint) in (typing.Union, types.UnionType):
                     hint = next(arg for arg in typing.get_args(hint) if arg is not type(None))
-                for flag in (_flag(section, fld.name), *FLAG_ALIASES.get((section, fld.name), ())):
+                for flag in (flag_name(section, fld.name), *FLAG_ALIASES.get((section, fld.name), ())):
                     types_by_name[flag.removeprefix("--")] = hint
     return types_by_name
 
@@ -245,7 +245,7 @@ def _file_origins(args: argparse.Namespace, given: set[str]) -> dict[str, str]:
         without = config_from_args(argparse.Namespace(**{**vars(args), "config": None}))
     except (ConfigError, UsageError):  # the file's values are what make the flags valid: no base to compare
         return {key: f"config({args.config})" for key in from_file}
-    values, sources = dict(_all_fields(without)), without.preset_sources
+    values, sources = flat_fields(without), without.preset_sources
     return {key: f"config({args.config}) over {f'preset({sources[key]})' if key in sources else 'default'} "
                  f"{values[key]!r}" for key in from_file}
 
