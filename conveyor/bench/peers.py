@@ -214,7 +214,7 @@ def run_sb3(cfg: RunCfg, run_dir: Path, eval_episodes: int) -> None:
 
     if cfg.algo.name not in ("a2c", "ppo"):
         raise ConfigError(f"the stable-baselines3 peer runs a2c or ppo, not {cfg.algo.name}")
-    out = prepare_out_dir(cfg)
+    out, _lock = prepare_out_dir(cfg)  # the run directory's lock: held until this bench child exits
     (out / "config.json").write_text(cfg.to_json())
     seed_everything(cfg.seed)
     torch.set_num_threads(cfg.torch_threads or max(1, os.cpu_count() or 1))
