@@ -43,6 +43,7 @@ def read_rows(out):
         return list(csv.DictReader(f))
 
 
+@pytest.mark.slow
 def test_two_run_matrix_end_to_end(tmp_path):
     markdown = tmp_path / "BENCHMARKS.md"
     markdown.write_text("# Benchmarks\n\nSomeone else's section.\n")
@@ -93,6 +94,7 @@ def test_failed_run_is_recorded_and_the_suite_continues(tmp_path):
     assert len(read_rows(tmp_path)) == 2
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the kernel's parent-death signal is Linux's")
 def test_a_killed_bench_parent_takes_its_child_along_and_the_run_writes_its_summary(tmp_path):
     """The child runs in a session of its own (no Ctrl-C from the terminal): when `conveyor bench` is killed

@@ -85,6 +85,7 @@ def two_ranks(a2c_runs) -> Path:
     return a2c_runs["two"]
 
 
+@pytest.mark.slow  # torchrun
 def test_two_ranks_write_one_run_directory_with_equal_parameters(two_ranks):
     report = summary(two_ranks)
     assert report["env_steps"] == 800 and report["stop_reason"] == "total_steps reached"
@@ -99,13 +100,14 @@ def test_two_ranks_write_one_run_directory_with_equal_parameters(two_ranks):
     assert state["world_size"] == 2 and len(state["rank_states"]) == 2
 
 
+@pytest.mark.slow  # torchrun
 def test_a2c_on_two_ranks_equals_one_process_on_the_whole_batch(a2c_runs):
     assert "distributed: False False" in a2c_runs["plain_log"]  # no WORLD_SIZE: torch.distributed was not set up
     assert summary(a2c_runs["plain"])["episodes"] == summary(a2c_runs["two"])["episodes"]
     assert max_param_difference(a2c_runs["two"], a2c_runs["plain"]) < 1e-6
 
 
-@pytest.mark.slow  # make test keeps A2C's equality on two ranks (above)
+@pytest.mark.slow
 def test_ppo_on_two_ranks_equals_one_process_on_the_whole_batch(tmp_path):
     # Minibatches of single steps drawn from all 8 x 16 steps, advantages normalized per minibatch, input
     # statistics updated from every rank's observations: all taken over the whole batch.
@@ -116,10 +118,12 @@ def test_ppo_on_two_ranks_equals_one_process_on_the_whole_batch(tmp_path):
     assert max_param_difference(tmp_path / "two", tmp_path / "one") < 1e-6
 
 
+@pytest.mark.slow  # torchrun
 def test_one_rank_under_torchrun_is_a_plain_run_bit_for_bit(a2c_runs):
     assert summary(a2c_runs["one"])["param_sha256"] == summary(a2c_runs["plain"])["param_sha256"]
 
 
+@pytest.mark.slow  # torchrun
 def test_resuming_with_another_world_size_is_one_line_naming_both(two_ranks):
     result = subprocess.run([sys.executable, "-m", "conveyor", "train", "--resume", str(two_ranks),
                              "--total-steps", "1600", "--no-progress"], capture_output=True, text=True,

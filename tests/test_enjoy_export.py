@@ -265,7 +265,8 @@ def reference(policy, obs, state=None, reward=None):
 
 
 @pytest.mark.parametrize("fmt", ["torchscript", "onnx"])
-@pytest.mark.parametrize("name", ["paac", "pendulum", "r2d2", "impact_lstm"])
+@pytest.mark.parametrize("name", ["paac", "pendulum", *(pytest.param(name, marks=pytest.mark.slow)
+                                                         for name in ("r2d2", "impact_lstm"))])
 def test_exported_network_gives_load_policy_actions(runs, tmp_path, fmt, name):
     policy = load_policy(runs[name])
     out = tmp_path / f"policy.{'onnx' if fmt == 'onnx' else 'pt'}"

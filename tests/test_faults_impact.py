@@ -93,6 +93,7 @@ def record_deliveries(monkeypatch) -> tuple[list, list]:
     return starts, deliveries
 
 
+@pytest.mark.slow  # make test keeps repeated deaths
 def test_killed_worker_is_restarted_and_the_run_trains_on_every_delivered_transition_once(tmp_path, monkeypatch):
     """SIGKILL the worker after 5 updates: the run reaches total_steps with one restart, trains on exactly the
     delivered unrolls (see the module docstring), and the new process acts with the weights of its start."""

@@ -48,6 +48,7 @@ def test_killed_env_worker_past_max_restarts_stops_the_run(monkeypatch, tmp_path
     assert not children()
 
 
+@pytest.mark.slow
 def test_envpool_backend_checkpoints_without_an_env_history_and_resumes(tmp_path):
     pytest.importorskip("envpool")
     cfg = RunCfg(env=EnvCfg(id="ALE/Pong-v5", num_envs=4, num_workers=1, backend="envpool"),

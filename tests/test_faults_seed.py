@@ -211,6 +211,7 @@ def test_killed_local_actor_is_restarted_and_no_transition_is_lost_or_duplicated
     assert children() == {}
 
 
+@pytest.mark.slow
 def test_a_stalled_actor_does_not_hold_up_the_others(tmp_path, monkeypatch):
     """A client that says Hello, sends one step and goes silent, with a 500 ms inference timeout: before the
     fix every later batch waited 500 ms for it (at most 16 steps/s: 5000 steps would take over 300 s, past the

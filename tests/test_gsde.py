@@ -187,6 +187,7 @@ def test_a_config_json_from_before_gsde_reads_as_that_run_was_trained(tmp_path):
     assert (old.model.gsde, old.model.weight_init) == (False, "orthogonal")
 
 
+@pytest.mark.slow  # make test keeps paac's gSDE run (tests/test_exact_resume.py)
 @pytest.mark.parametrize("arch,algo", [("seed", "vtrace"), ("impact", "impact"), ("ga3c", "a2c")])
 def test_the_asynchronous_architectures_act_and_learn_with_gsde(tmp_path, arch, algo):
     """SEED (noise per inference slot), IMPACT (per worker env) and GA3C (per agent id) on Pendulum: the run

@@ -210,7 +210,8 @@ def test_lagged_ppo_update_is_ppo_from_current_params_with_ratios_against_the_be
 
 @pytest.mark.parametrize("env, env_args, algo", [
     ("CartPole-v1", (), "a2c"),
-    (STEP_TIME_ID, EXPONENTIAL_STEPS, "ppo"),  # random step times: actors see different batches every run
+    # random step times: actors see different batches every run
+    pytest.param(STEP_TIME_ID, EXPONENTIAL_STEPS, "ppo", marks=pytest.mark.slow),
     pytest.param("Pendulum-v1", (), "a2c", marks=pytest.mark.slow),  # Gaussian actions: a uniform per dimension
 ])
 def test_same_seed_gives_the_same_parameters_for_any_number_of_actors(tmp_path, env, env_args, algo):
@@ -336,6 +337,7 @@ def test_hts_a2c_learns_cartpole(tmp_path):
     assert summary["policy_lag"]["max"] == 1
 
 
+@pytest.mark.slow  # learning
 def test_hts_ppo_learns_step_time(tmp_path):
     # StepTime is a contextual bandit: a random policy earns half of an episode's 100 steps. With a short
     # horizon (gamma 0.5) PAAC PPO and HTS PPO both pass 90 after ~12k steps, the least that 100 episodes take.

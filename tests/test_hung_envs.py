@@ -87,6 +87,7 @@ def test_a_stopped_worker_is_reported_as_hung_and_killed():
         assert not alive(stopped)
 
 
+@pytest.mark.slow
 def test_a_stop_request_ends_a_step_that_hangs_even_without_a_timeout(monkeypatch):
     monkeypatch.setattr(vector, "CLOSE_GRACE_S", 1.0)
     stop = threading.Event()
@@ -125,7 +126,8 @@ def run_cfg(arch: str, tmp_path: Path, env: EnvCfg, **overrides) -> RunCfg:
     return RunCfg(**{**base, **overrides})
 
 
-@pytest.mark.parametrize("arch", ["paac", "ga3c", "hts", pytest.param("impact", marks=pytest.mark.slow), "seed"])
+@pytest.mark.parametrize("arch", ["paac", *(pytest.param(arch, marks=pytest.mark.slow)
+                                             for arch in ("ga3c", "hts", "impact", "seed"))])
 def test_hung_envs_are_killed_and_restarted_and_the_run_reaches_its_step_count(arch, tmp_path, monkeypatch):
     """The first env of each of the run's 2 workers (env workers, agents, executors, IMPACT workers, SEED
     actors) to take its 30th step hangs there, so no worker can go on; the run restarts both (their
@@ -144,6 +146,7 @@ def test_hung_envs_are_killed_and_restarted_and_the_run_reaches_its_step_count(a
     assert children() == {}
 
 
+@pytest.mark.slow
 def test_a_paac_run_whose_env_hangs_past_max_restarts_stops_with_one_line_naming_the_env(tmp_path):
     env = hanging_cfg(timeout_s=RUN_TIMEOUT_S, max_restarts=0, hang_at=20)
     with pytest.raises(WorkerFailure) as failure:
@@ -155,6 +158,7 @@ def test_a_paac_run_whose_env_hangs_past_max_restarts_stops_with_one_line_naming
     assert children() == {}
 
 
+@pytest.mark.slow
 def test_a_stopped_paac_worker_is_found_killed_and_restarted(tmp_path, monkeypatch):
     recorder = BatchRecorder(monkeypatch)
     env = EnvCfg(id=TAGGED_ID, env_step_timeout_s=RUN_TIMEOUT_S, backend="shm")
@@ -211,6 +215,7 @@ def start_hanging_run(tmp_path: Path) -> tuple[subprocess.Popen, list[int]]:
     return proc, workers
 
 
+@pytest.mark.slow
 def test_sigterm_ends_a_run_whose_env_hangs_within_seconds_leaving_no_child(tmp_path):
     proc, workers = start_hanging_run(tmp_path)
     signalled = time.monotonic()

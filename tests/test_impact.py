@@ -347,7 +347,8 @@ def test_impact_improves_pendulum(tmp_path):
     assert summary["return_mean_last100"] >= -900, summary["return_mean_last100"]
 
 
-@pytest.mark.parametrize("preset", [pytest.param("appo", marks=pytest.mark.slow), "impala"])
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ["appo", "impala"])
 def test_presets_run_one_update_per_batch(tmp_path, preset):
     arch = ArchCfg(name="impact", preset=preset, worker_batch=16)
     cfg = impact_cfg(tmp_path, arch=arch, algo=AlgoCfg(), total_steps=2000)

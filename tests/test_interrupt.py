@@ -14,12 +14,11 @@ import pytest
 from tests.fault_env import HANGING_ID, alive, children, descendants
 
 
-# make test keeps PAAC and HTS on SIGINT (SIGTERM: tests/test_hung_envs.py); the other rows are slow.
+# make test keeps SIGHUP to a paac run's process group (tests/test_attacks.py), the same stop path.
+@pytest.mark.slow
 @pytest.mark.parametrize("arch, algo, sig", [
-    ("paac", "a2c", signal.SIGINT), pytest.param("paac", "a2c", signal.SIGTERM, marks=pytest.mark.slow),
-    pytest.param("ga3c", "ga3c", signal.SIGINT, marks=pytest.mark.slow),
-    pytest.param("seed", "vtrace", signal.SIGINT, marks=pytest.mark.slow),
-    pytest.param("impact", "impact", signal.SIGTERM, marks=pytest.mark.slow), ("hts", "a2c", signal.SIGINT),
+    ("paac", "a2c", signal.SIGINT), ("paac", "a2c", signal.SIGTERM), ("ga3c", "ga3c", signal.SIGINT),
+    ("seed", "vtrace", signal.SIGINT), ("impact", "impact", signal.SIGTERM), ("hts", "a2c", signal.SIGINT),
 ])
 def test_signal_saves_checkpoint_and_exits_without_orphans(tmp_path, arch, algo, sig):
     out = tmp_path / "run"
@@ -115,6 +114,7 @@ def test_ctrl_c_then_resume_reaches_the_parameters_of_an_uninterrupted_run(tmp_p
     assert final["param_sha256"] == expected["param_sha256"]
 
 
+@pytest.mark.slow
 def test_a_signal_while_a_resumed_run_replays_its_games_stops_at_once_and_keeps_the_checkpoint(tmp_path):
     """A resumed run's env workers first replay each env's episode so far (seconds on Atari). Ctrl-C then kills
     them at once (there is no step to finish): exit 0, one line saying so, the checkpoint as it was, no orphans."""

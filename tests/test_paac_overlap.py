@@ -190,6 +190,7 @@ def test_ppo_with_groups_ends_with_the_same_parameters_bit_for_bit(tmp_path):
     assert on["policy_lag"]["max"] == 0
 
 
+@pytest.mark.slow
 def test_a_resumed_run_with_groups_reaches_the_uninterrupted_ones_parameters(tmp_path):
     whole = conveyor.train(cfg_for(tmp_path, 2, total_steps=1024, out=str(tmp_path / "whole")))
     conveyor.train(cfg_for(tmp_path, 2, total_steps=512, out=str(tmp_path / "split")))
@@ -199,6 +200,7 @@ def test_a_resumed_run_with_groups_reaches_the_uninterrupted_ones_parameters(tmp
     assert resumed["param_sha256"] == whole["param_sha256"]
 
 
+@pytest.mark.slow
 def test_a_killed_worker_in_one_group_drops_that_step_of_its_envs_only(monkeypatch, tmp_path):
     cfg = RunCfg(env=EnvCfg(id=TAGGED_ID, num_envs=4, num_workers=2), arch=ArchCfg(name="paac", unroll=5, env_groups=2),
                  total_steps=3000, torch_threads=1, progress=False, target_return=float("inf"), out=str(tmp_path))

@@ -113,6 +113,7 @@ def test_actors_dial_a_learner_they_can_reach():
         assert "10.0.0.2" in str(refused.value)
 
 
+@pytest.mark.slow  # Ray
 @needs_ray
 def test_an_unreachable_cluster_fails_fast_with_one_line(tmp_path):
     started = time.monotonic()
@@ -124,6 +125,7 @@ def test_an_unreachable_cluster_fails_fast_with_one_line(tmp_path):
     assert "127.0.0.1:9" in line and "ray start --head" in line
 
 
+@pytest.mark.slow  # Ray
 @needs_ray
 def test_an_open_port_that_is_not_a_ray_gcs_fails_with_the_fix(tmp_path):
     """The dashboard's HTTP port (a usual mistake) is refused by a gRPC handshake, not by ray.init's retries;

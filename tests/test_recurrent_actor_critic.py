@@ -249,6 +249,7 @@ def memory_cfg(tmp_path, arch, lstm_size, seed=1):
                   total_steps=MEMORY_STEPS, seed=seed, out=str(tmp_path / "run"), progress=False)
 
 
+@pytest.mark.slow  # learning
 @pytest.mark.parametrize("arch", ["seed", "impact"])
 def test_an_lstm_solves_the_memory_env_with_default_flags(tmp_path, arch):
     summary = conveyor.train(memory_cfg(tmp_path, arch, lstm_size=32))

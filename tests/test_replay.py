@@ -218,6 +218,7 @@ def test_state_dict_round_trips_through_a_weights_only_checkpoint():
     assert all(torch.equal(a[key], b[key]) for key in a)
 
 
+@pytest.mark.slow
 def test_a_resumed_r2d2_run_restores_its_replay_and_sampler(tmp_path):
     """Train a few thousand CartPole steps, stop; a run resumed from that checkpoint starts with the same replay
     contents, sampler RNG state and sample count."""

@@ -388,6 +388,7 @@ def test_auto_steps_cheap_envs_in_process_and_slow_ones_in_workers():
         assert type(venv).__name__ == "InProcessVectorEnv"
 
 
+@pytest.mark.slow
 def test_auto_gives_an_env_whose_step_hangs_to_worker_processes():
     from conveyor.envs.inproc import MEASURE_LIMIT_S, choose_backend
 
