@@ -264,7 +264,7 @@ def reference(policy, obs, state=None, reward=None):
         return [t.numpy() for t in policy.net(*inputs)], inputs
 
 
-@pytest.mark.parametrize("fmt", ["torchscript", "onnx"])
+@pytest.mark.parametrize("fmt", ["torchscript", pytest.param("onnx", marks=pytest.mark.slow)])  # onnx: dynamo, slow
 @pytest.mark.parametrize("name", ["paac", "pendulum", *(pytest.param(name, marks=pytest.mark.slow)
                                                          for name in ("r2d2", "impact_lstm"))])
 def test_exported_network_gives_load_policy_actions(runs, tmp_path, fmt, name):

@@ -139,6 +139,7 @@ def test_killed_worker_is_restarted_and_the_run_trains_on_every_delivered_transi
     assert_no_processes_left(env_workers)
 
 
+@pytest.mark.slow  # make test keeps repeated deaths
 def test_no_restarts_allowed_stops_the_run_with_one_line_naming_the_worker(tmp_path, monkeypatch):
     """max_restarts=0: the first death raises WorkerFailure (one line: worker, pid, signal, the fix) after a
     checkpoint, and leaves no process behind."""

@@ -93,6 +93,7 @@ def test_env_seeds_follow_slot_blocks_and_differ_in_every_life(tmp_path):
         server.close()
 
 
+@pytest.mark.slow  # waits out a timeout
 def test_a_stalled_stream_costs_one_timeout_and_is_closed_at_the_idle_deadline(tmp_path):
     idle_timeout_s = 3.0
     server = Server(tmp_path, timeout_s=0.3, idle_timeout_s=idle_timeout_s)

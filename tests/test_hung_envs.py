@@ -171,6 +171,7 @@ def test_a_stopped_paac_worker_is_found_killed_and_restarted(tmp_path, monkeypat
     assert children() == {}
 
 
+@pytest.mark.slow
 def test_a_seed_run_whose_envs_hang_stops_on_sigterm_and_leaves_no_actor_or_env_worker(tmp_path, monkeypatch):
     """Both local actors' envs hang for good (no timeout); a SIGTERM stops the run, which stops its actors
     (SIGTERM, then SIGKILL past the grace period): their env workers, stuck in a step, must die with them."""

@@ -24,6 +24,7 @@ def paac_cfg(tmp_path, **overrides):
     return RunCfg(**base)
 
 
+@pytest.mark.slow  # learning
 def test_paac_a2c_learns_cartpole(tmp_path):
     # 195 is CartPole-v0's solved threshold; the default A2C reaches it in ~60-90k steps and the
     # full 475 in ~170k (make train). The budget leaves 3x headroom for a seed that starts slowly.

@@ -64,6 +64,7 @@ class Honest:
 
 # ---- rows 5 and 6: memory ------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_floods_without_the_token_and_megabyte_names_leave_the_learner_memory_flat(tmp_path):
     """40 clients x 3 calls of 15 MiB without the token, 40 more with a wrong one, 30 Hellos with 10 MiB names
     and the token: each refused, the server's RSS flat, the honest actor served throughout. The server process

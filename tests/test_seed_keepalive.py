@@ -50,10 +50,12 @@ def _silent_call(options: list[tuple[str, int]]) -> grpc.StatusCode:
         server.stop(grace=None)
 
 
+@pytest.mark.slow  # waits out keepalive pings
 def test_a_silent_stream_survives_keepalive_pings_under_the_server_options():
     assert _silent_call(server_options(1 << 20, KEEPALIVE_MS)) == grpc.StatusCode.OK
 
 
+@pytest.mark.slow  # waits out keepalive pings
 def test_a_default_server_drops_a_silent_stream_that_pings():
     """The failure the server options prevent (so the test above is not passing vacuously)."""
     status = _silent_call(channel_options(1 << 20, KEEPALIVE_MS))
