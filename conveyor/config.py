@@ -754,6 +754,20 @@ ADDED_FIELDS: dict[str, dict[str, Any]] = {"model": {"weight_init": "orthogonal"
 resumes and loads as it was trained, whatever the presets pick today."""
 
 
+def read_toml_file(flag: str, path: Path | str) -> dict[str, Any]:
+    """The TOML file at ``path``, given as ``flag`` (``--config``, ``--space``); one that cannot be read or is not
+    TOML is a one-line ``ConfigError``."""
+    import tomllib  # here: every `conveyor` command imports this module, few read a TOML file
+
+    try:
+        return tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as error:
+        reason = getattr(error, "strerror", None) or error
+        raise ConfigError(f"{flag} {path}: cannot read it ({reason}): pass a readable TOML file") from None
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{flag} {path} is not TOML ({error}): fix the file") from None
+
+
 def read_config_file(path: Path | str) -> dict[str, Any]:
     """A run's ``config.json`` as ``RunCfg.from_dict`` takes it, with the ``ADDED_FIELDS`` it predates; a
     ConfigError names what is wrong with the file."""

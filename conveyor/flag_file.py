@@ -23,6 +23,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from conveyor.config import read_toml_file
 from conveyor.errors import ConfigError
 from conveyor.files import write_text_atomic
 
@@ -30,14 +31,7 @@ from conveyor.files import write_text_atomic
 def read_flag_file(path: Path | str, known: set[str]) -> dict[str, Any]:
     """The file's ``flag name -> value`` (TOML values); ``known``: the flag names it may use. A file that cannot
     be read, is not TOML or names another key is a one-line ``ConfigError``."""
-    import tomllib  # here: every `conveyor` command imports this module, few read a file
-    try:
-        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as error:
-        reason = getattr(error, "strerror", None) or error
-        raise ConfigError(f"--config {path}: cannot read it ({reason}): pass a readable TOML file") from None
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigError(f"--config {path} is not TOML ({error}): fix the file") from None
+    data = read_toml_file("--config", path)
     unknown = sorted(set(data) - known)
     if unknown:
         raise ConfigError(f"--config {path}: unknown key {unknown[0]!r}: its keys are `conveyor train` flag names "

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Union
 
+from conveyor.config import read_toml_file
 from conveyor.errors import ConfigError
 
 
@@ -119,14 +120,7 @@ def space_for(arch: str, algo: str, family: str) -> Space:
 def read_space_file(path: Path | str, space: Space, known: set[str]) -> Space:
     """``space`` changed by the TOML file at ``path`` (see the module docstring); ``known``: the train flag names a
     parameter may have. A file that cannot be read or names an unknown flag is a one-line ``ConfigError``."""
-    import tomllib  # here: every `conveyor` command imports this module, few read a file
-    try:
-        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as error:
-        reason = getattr(error, "strerror", None) or error
-        raise ConfigError(f"--space {path}: cannot read it ({reason}): pass a readable TOML file") from None
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigError(f"--space {path} is not TOML ({error}): fix the file") from None
+    data = read_toml_file("--space", path)
     keep = data.pop("defaults", True)
     if not isinstance(keep, bool):
         raise ConfigError(f"--space {path}: defaults must be true or false, got {keep!r}")
