@@ -271,3 +271,14 @@ def test_eval_refuses_a_target_that_is_not_finite(finished_run, capsys, target):
     assert main(["eval", "--run", str(finished_run), "--episodes", "1", "--target", target]) == 2
     assert "--target" in one_line(capsys.readouterr().err)
     assert not (finished_run / "eval.json").exists()
+
+
+@pytest.mark.parametrize("command", ["eval", "enjoy"])
+@pytest.mark.parametrize("seed, message", [(2**32, "seed must lie in [0, 2**32), got 4294967296"),
+                                           (-1, "seed must lie in [0, 2**32), got -1"),
+                                           (2**32 - 1, "with 2 episodes (one seed each) reaches 4294967296")])
+def test_eval_and_enjoy_refuse_seeds_outside_0_to_2_32(finished_run, capsys, command, seed, message):
+    assert main([command, "--run", str(finished_run), "--episodes", "2", f"--seed={seed}"]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert message in line and line.endswith("pass a --seed from 0 to 4294967294"), line
+    assert not (finished_run / "eval.json").exists()
