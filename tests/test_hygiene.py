@@ -77,7 +77,8 @@ def test_an_env_whose_reset_raises_while_auto_times_it_is_one_line(tmp_path, cap
 
 def test_a_ga3c_agent_names_its_env_and_exception(tmp_path, capsys):
     run = tmp_path / "run"
-    assert main(["train", "--arch", "ga3c", "--env", RAISING_ID, "--env-backend", "shm", "--out", str(run), *QUIET]) == 1
+    assert main(["train", "--arch", "ga3c", "--env", RAISING_ID, "--env-backend", "shm", "--out", str(run),
+                 *QUIET]) == 1
     line = failure_line(capsys)
     assert re.search(rf"GA3C agent \d \(pid \d+\) died \(exit code 1\): env \d \({re.escape(RAISING_ID)}\) raised on "
                      rf"reset: {RESET_FAULT}", line), line
