@@ -225,7 +225,7 @@ def interrupt(proc: subprocess.Popen) -> tuple[list[int], str]:
     workers = [pid for rank in ranks.values() for pid in descendants(rank)]
     proc.send_signal(signal.SIGINT)
     stderr = proc.communicate(timeout=TORCHRUN_STOP_GRACE_S + 120)[1]  # torchrun exits once its ranks are gone
-    assert "forcefully exiting" not in stderr, f"torchrun killed a rank after {TORCHRUN_STOP_GRACE_S} s: {stderr[-3000:]}"
+    assert "forcefully exiting" not in stderr, f"torchrun killed a rank after {TORCHRUN_STOP_GRACE_S} s: " + stderr[-3000:]
     assert not [pid for pid in ranks.values() if alive(pid)]
     return workers, stderr
 
