@@ -225,7 +225,8 @@ def interrupt(proc: subprocess.Popen) -> tuple[list[int], str]:
     workers = [pid for rank in ranks.values() for pid in descendants(rank)]
     proc.send_signal(signal.SIGINT)
     stderr = proc.communicate(timeout=TORCHRUN_STOP_GRACE_S + 120)[1]  # torchrun exits once its ranks are gone
-    assert "forcefully exiting" not in stderr, f"torchrun killed a rank after {TORCHRUN_STOP_GRACE_S} s: " + stderr[-3000:]
+    killed = "forcefully exiting" in stderr  # torchrun's word for a rank it SIGKILLed
+    assert not killed, f"a rank outlasted torchrun's {TORCHRUN_STOP_GRACE_S} s grace: {stderr[-3000:]}"
     assert not [pid for pid in ranks.values() if alive(pid)]
     return workers, stderr
 
