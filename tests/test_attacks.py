@@ -199,7 +199,7 @@ def test_soak_a_racing_trainer_a_hang_up_and_a_resume_lose_nothing_and_leave_no_
 
     # B on A's directory, mid-run: refused in one line naming A, before it writes anything.
     b = start_trainer(*SOAK, "--out", str(out), "--total-steps", "2000", "--seed", "7")
-    b_out, b_err = b.communicate(timeout=120)
+    _, b_err = b.communicate(timeout=120)
     assert b.returncode == 2, b_err
     assert f"pid {a.pid}" in one_line(b_err)
     assert (out / "config.json").read_bytes() == config  # not B's (another seed)
