@@ -16,6 +16,7 @@ import importlib
 import json
 import math
 import os
+import signal
 import sys
 import threading
 import types
@@ -33,6 +34,10 @@ from conveyor.flag_file import flag_tokens, read_flag_file
 USAGE_ERROR = 2
 RUN_FAILED = 1
 INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
+HUNG_UP = 128 + signal.SIGHUP
+"""The exit code of a run that SIGHUP (a closed terminal, a dropped SSH connection) stopped, once it has saved: as a
+shell reports a process the signal ended, so that whatever waits for the run knows nobody asked it to stop. Ctrl-C
+and SIGTERM are requests to stop (exit code 0: ``conveyor bench`` and ``tune`` stop their runs with SIGTERM)."""
 
 # Second spellings of a flag: --backend is issue 47's name for --env-backend.
 FLAG_ALIASES = {("env", "backend"): ("--backend",)}
@@ -222,7 +227,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     summary = train(cfg)
     if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks for the run (and writes its files)
         print(_summary_line(summary))
-    return 0
+    return _stop_code(summary["stop_reason"])  # the same on every rank (share_progress)
+
+
+def _stop_code(stop_reason: str) -> int:
+    return HUNG_UP if stop_reason == f"signal {signal.SIGHUP.name}" else 0
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
@@ -375,7 +384,7 @@ def _main(argv: list[str] | None) -> int:
         return USAGE_ERROR
     except StoppedWhileStarting as error:
         print(f"conveyor: stopped: {error}", file=sys.stderr)
-        return 0
+        return _stop_code(error.stop_reason)
     except WorkerFailure as error:
         first_line = str(error).strip().splitlines()[0]
         print(f"conveyor: run failed: {first_line}; continue from the run's last checkpoint with --resume DIR",

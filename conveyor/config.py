@@ -62,6 +62,19 @@ INFINITY_MEANS_NEVER = ("target_return",)
 
 SEED_LIMIT = 2**32
 """Seeds lie in [0, 2**32): numpy's and the envs' seeding take no more."""
+
+
+def check_seeds(first: int, count: int = 1) -> None:
+    """Refuse the seeds ``first`` to ``first + count - 1`` (a run's; an evaluation's, one per episode) unless all
+    lie in [0, 2**32), with one line naming --seed and the values that fit."""
+    fits = f"pass a --seed from 0 to {SEED_LIMIT - count}"
+    if not 0 <= first < SEED_LIMIT:
+        raise ConfigError(f"seed must lie in [0, 2**32), got {first}: {fits}")
+    if first + count > SEED_LIMIT:
+        raise ConfigError(f"seeds must lie in [0, 2**32), and seed {first} with {count} episodes (one seed each) "
+                          f"reaches {first + count - 1}: {fits}")
+
+
 MAX_WIDTH = 16384
 """Largest MLP layer or LSTM core: a layer of n units after one of n holds n x n weights (1 GiB of float32 here;
 a width of 400000 asked for 640 GB)."""
@@ -584,8 +597,7 @@ class RunCfg:
         object.__setattr__(self, "_preset_sources", resolved.sources)
         _positive(self, "total_steps", "log_interval_s", "keep_checkpoints")
         _non_negative(self, "time_limit_s", "checkpoint_every", "seed", "torch_threads", "capture_video_every")
-        if self.seed >= SEED_LIMIT:
-            raise ConfigError(f"seed must lie in [0, 2**32), got {self.seed}: pass a smaller --seed")
+        check_seeds(self.seed)
         if self.algo.name == "r2d2" and not self.model.lstm_size:
             raise ConfigError("--algo r2d2 runs a recurrent Q network: pass --lstm-size > 0 (or leave it to the "
                               "preset)")

@@ -30,6 +30,7 @@ from typing import Any, Callable
 import gymnasium as gym
 import numpy as np
 
+from conveyor.config import check_seeds
 from conveyor.errors import ConfigError
 from conveyor.envs import EPISODE_KEY
 from conveyor.files import check_output_file, exclusive_temp
@@ -241,6 +242,7 @@ def main(args: argparse.Namespace) -> int:
     check_arguments(args)
     policy = load_policy(args.run, args.checkpoint, args.device, env_args=tuple(args.env_args))
     seed = EVAL_SEED_OFFSET + policy.cfg.seed if args.seed is None else args.seed
+    check_seeds(seed, args.episodes)
     how = "deterministic" if args.deterministic else "sampled"
     overrides = "".join(f", {key}={value!r}" for key, value in args.env_args)
     print(f"playing {args.run}: {policy.describe()}{overrides}; {how} actions, seed {seed}")

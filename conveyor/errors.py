@@ -31,7 +31,10 @@ class WorkerDied(WorkerFailure):
 class StoppedWhileStarting(RuntimeError):
     """The run was asked to stop (a signal) while its env workers were still starting: building their envs, or
     rebuilding a resumed run's games by replaying their actions, which can take a while on Atari. They are
-    killed; no step ran, so there is nothing new to save and the run's last checkpoint stands (exit code 0)."""
+    killed; no step ran, so there is nothing new to save and the run's last checkpoint stands (the exit code of a
+    run stopped by that signal). ``stop_reason``: the signal, as the summary would name it (the run sets it)."""
+
+    stop_reason = ""
 
 
 class CheckpointError(RuntimeError):

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from conveyor.config import RunCfg, parse_env_arg, read_config_file
+from conveyor.config import RunCfg, check_seeds, parse_env_arg, read_config_file
 from conveyor.errors import ConfigError
 from conveyor.envs import EPISODE_KEY, make_env
 
@@ -300,6 +300,7 @@ def evaluate_run(run_dir: Path | str, *, episodes: int = 10, noop_max: int = NOO
     if checkpoints:  # `latest`: the newest file (one that does not load is an error here, as without the choice)
         paths = sorted(named | ({paths[-1]} if "latest" in {str(checkpoint) for checkpoint in checkpoints} else set()))
     seed = EVAL_SEED_OFFSET + cfg.seed if seed is None else seed
+    check_seeds(seed, episodes)
     target = default_target(cfg) if target is None else target
     envs = make_eval_envs(cfg, episodes, noop_max, seed)
     try:

@@ -179,14 +179,14 @@ class RestartBudget:
         self.restarts = 0
         """Restarts spent so far."""
 
-    def spend(self, death: str) -> None:
+    def spend(self, death: str, details: str = "") -> None:
         """Count one restart for the death ``death`` describes (one line naming the child, its pid and its
         exit reason) and say so on stderr; when none is left, raise ``WorkerFailure``: that line, the limit
-        and the fix."""
+        and the fix, with ``details`` (the child's traceback, if it sent one)."""
         if self.restarts >= self.max_restarts:
             limit = ("restarts are off (max_restarts=0)" if not self.max_restarts else
                      f"the run's {self.restarts} restarts reach max_restarts={self.max_restarts}")
-            raise WorkerFailure(f"{death}; {limit}: raise --max-restarts or fix what kills it")
+            raise WorkerFailure(f"{death}; {limit}: raise --max-restarts or fix what kills it", details)
         self.restarts += 1
         print(f"conveyor: {death}; restarting it ({self.restarts} of at most {self.max_restarts} restarts)",
               file=sys.stderr, flush=True)

@@ -35,7 +35,7 @@ from torch import nn
 from conveyor import algos, presets
 from conveyor.config import ENV_BACKEND_CHOICE, RunCfg, check_resume, recorded_config
 from conveyor.envs.inproc import BackendChoice, choose_backend
-from conveyor.errors import ConfigError, WorkerFailure
+from conveyor.errors import ConfigError, StoppedWhileStarting, WorkerFailure
 from conveyor.files import lock_run_dir, open_append, write_text_atomic
 from conveyor.learner import Learner, LossFn, checkpoint_name, load_latest_checkpoint
 from conveyor.telemetry import Telemetry
@@ -180,7 +180,7 @@ class Run:
                                    total_steps=cfg.total_steps, files=self.writes)
         self._pending_returns: list[np.ndarray] = []  # under torchrun: episodes not yet shared (share_progress)
         self._shared = np.zeros(3)  # env steps, dropped steps, restarts as of the last share_progress
-        self._signal = 0  # under torchrun: a signal not yet shared
+        self._signal = 0  # the first signal this process got (under torchrun: shared at the next share_progress)
         self._peers_out_of_time = False  # under torchrun: a rank reached --time-limit-s at the last share_progress
         self.stop_event = threading.Event()
         self.stop_reason = ""
@@ -213,6 +213,8 @@ class Run:
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if isinstance(exc, WorkerFailure) and exc.details and self.writes:
             self._log_error(exc)
+        if isinstance(exc, StoppedWhileStarting) and self._signal:  # the CLI's exit code tells a hang-up apart
+            exc.stop_reason = f"signal {signal.Signals(self._signal).name}"
         if isinstance(exc, WorkerFailure) and self._learner is not None and self.dist is None:
             # A dead worker loses at most its own unfinished data, never the learner's progress. (Under torchrun
             # a checkpoint needs every rank, and the others are elsewhere: the group resumes from the last one.)
@@ -258,9 +260,8 @@ class Run:
         if signum == signal.SIGHUP:
             leave_hung_up_terminal()
         self.interrupted.set()
-        if self.dist is not None:  # every rank stops at the same update: at the next share_progress
-            self._signal = self._signal or signum
-        else:
+        self._signal = self._signal or signum
+        if self.dist is None:  # else every rank stops at the same update: at the next share_progress
             self.request_stop(f"signal {signal.Signals(signum).name}")
 
     def asked_to_stop(self) -> bool:

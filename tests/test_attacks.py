@@ -1,10 +1,12 @@
-"""Issue 51's attacks on a run directory (rows 1, 2, 8 and 12): a second writer on a directory in use is refused
-with one line naming the holder; SIGHUP (a closed terminal, a dropped SSH connection) saves the run as SIGTERM
-does; a link planted at any name a run writes is replaced, never written through; readers survive checkpoints
-rotated away under them; a foreign --checkpoint file and a non-finite --target are one correct line."""
+"""Issue 51's attacks on a run directory (rows 1, 2, 8, 10 and 12): a second writer on a directory in use is
+refused with one line naming the holder; SIGHUP (a closed terminal, a dropped SSH connection) saves the run as
+SIGTERM does, then exits 129; a link planted at any name a run writes is replaced, never written through; readers
+survive checkpoints rotated away under them; a foreign --checkpoint file, a non-finite --target and an eval or
+enjoy --seed outside [0, 2**32) are one correct line. The soak puts rows 1 and 2 and a resume together."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import shutil
@@ -14,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import conveyor.files
@@ -21,7 +24,9 @@ import conveyor.learner
 from conveyor.cli import main
 from conveyor.evaluate import evaluate_run
 from conveyor.learner import load_latest_checkpoint
-from tests.fault_env import alive, descendants
+from conveyor.returns_file import read_returns
+from conveyor.run import checkpoint_steps
+from tests.fault_env import alive, descendants, gone_within
 
 TINY_RUN = ["--num-envs", "2", "--num-workers", "1", "--unroll", "5", "--torch-threads", "1", "--no-progress",
             "--target-return", "inf"]
@@ -124,7 +129,7 @@ def hang_up(arch: str, algo: str, out: Path) -> tuple[subprocess.CompletedProces
 
 
 def assert_saved_and_no_orphans(result: subprocess.CompletedProcess, out: Path, workers: list[int]) -> None:
-    assert result.returncode == 0, result.stderr  # as for SIGTERM: the run saved everything
+    assert result.returncode == 128 + signal.SIGHUP, result.stderr  # once the run saved everything, as SIGTERM does
     assert "Traceback" not in result.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["stop_reason"] == "signal SIGHUP"
@@ -147,6 +152,90 @@ def test_sighup_to_the_process_group_saves_every_architecture(tmp_path, arch, al
     out = tmp_path / "run"
     result, workers = hang_up(arch, algo, out)
     assert_saved_and_no_orphans(result, out, workers)
+
+
+# ---- the soak (Done when) -------------------------------------------------------------------------------------
+# Its third part, a torchrun rank started with a changed flag, is tests/test_resume_rules.py's and
+# tests/test_distributed.py's (every rank exits 2 naming the field; no SIGABRT, no hang).
+SOAK = ["--env", "CartPole-v1", "--num-envs", "4", "--num-workers", "2", "--env-backend", "shm", "--unroll", "5",
+        "--checkpoint-every", "1000", "--keep-checkpoints", "3", "--log-interval-s", "0.5", "--torch-threads", "1",
+        "--no-progress", "--target-return", "inf"]
+
+
+def start_trainer(*flags: str) -> subprocess.Popen:
+    """``conveyor train FLAGS`` in a session of its own (as from a terminal of its own: SIGHUP to its group)."""
+    return subprocess.Popen([sys.executable, "-m", "conveyor.cli", "train", *flags], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def in_session(session: int) -> list[int]:
+    """Live processes of session ``session``: whatever a trainer started there and left behind."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # no process, or one that exited while we looked
+        if stat[0] != "Z" and int(stat[3]) == session:
+            found.append(int(entry.name))
+    return found
+
+
+def metric_steps(out: Path) -> list[int]:
+    with open(out / "metrics.csv") as f:
+        return [int(row["env_steps"]) for row in csv.DictReader(f) if row.get("env_steps", "").isdigit()]
+
+
+@pytest.mark.slow
+def test_soak_a_racing_trainer_a_hang_up_and_a_resume_lose_nothing_and_leave_no_process(tmp_path):
+    out = tmp_path / "run"
+    a = start_trainer(*SOAK, "--out", str(out), "--total-steps", "100000000")
+    deadline = time.monotonic() + 180
+    while not list(out.glob("checkpoints/ckpt-*.pt")) or len(metric_steps(out)) < 2:
+        assert a.poll() is None, a.communicate()[1]
+        assert time.monotonic() < deadline, "trainer A never logged or checkpointed"
+        time.sleep(0.2)
+    config = (out / "config.json").read_bytes()
+
+    # B on A's directory, mid-run: refused in one line naming A, before it writes anything.
+    b = start_trainer(*SOAK, "--out", str(out), "--total-steps", "2000", "--seed", "7")
+    _, b_err = b.communicate(timeout=120)
+    assert b.returncode == 2, b_err
+    assert f"pid {a.pid}" in one_line(b_err)
+    assert (out / "config.json").read_bytes() == config  # not B's (another seed)
+    assert (out / conveyor.files.LOCK_NAME).read_text().strip() == str(a.pid)
+    assert not in_session(b.pid)
+
+    # A closed terminal: SIGHUP to A's whole group; A saves, then exits 129.
+    workers = descendants(a.pid)
+    assert workers, "A should have env worker processes"
+    os.killpg(a.pid, signal.SIGHUP)
+    _, a_err = a.communicate(timeout=120)
+    assert a.returncode == 128 + signal.SIGHUP, a_err
+    assert "Traceback" not in a_err, a_err
+    stopped = json.loads((out / "summary.json").read_text())
+    assert stopped["stop_reason"] == "signal SIGHUP"
+    saved = stopped["env_steps"]
+    assert checkpoint_steps(load_latest_checkpoint(out)[0]) == saved  # the final checkpoint: every step of A
+    episodes_before = read_returns(out / "returns.csv")
+    assert len(episodes_before) == stopped["episodes"] > 0
+    assert gone_within(workers, 10) and not in_session(a.pid), "A left a process behind"
+
+    # The resume goes on from A's final checkpoint to the end.
+    total = saved + 2000
+    resumed = start_trainer("--resume", str(out), "--total-steps", str(total))
+    _, resumed_err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, resumed_err
+    assert not in_session(resumed.pid), "the resumed run left a process behind"
+    finished = json.loads((out / "summary.json").read_text())
+    assert finished["stop_reason"] == "total_steps reached" and finished["env_steps"] >= total
+    steps = metric_steps(out)
+    assert steps == sorted(steps), "metrics.csv's env_steps went backwards"
+    assert steps[-1] == finished["env_steps"] and any(step > saved for step in steps)
+    episodes = read_returns(out / "returns.csv")
+    assert len(episodes) == finished["episodes"] > len(episodes_before)
+    assert np.array_equal(episodes[:len(episodes_before)], episodes_before)  # A's episodes, all kept
+    assert (episodes[len(episodes_before):, 0] > saved).all()  # then the resumed run's, none stepped twice
 
 
 # ---- row 8: no write through a planted link ------------------------------------------------------------------
@@ -270,4 +359,15 @@ def test_a_file_that_is_no_checkpoint_gets_no_advice_to_delete_it(finished_run, 
 def test_eval_refuses_a_target_that_is_not_finite(finished_run, capsys, target):
     assert main(["eval", "--run", str(finished_run), "--episodes", "1", "--target", target]) == 2
     assert "--target" in one_line(capsys.readouterr().err)
+    assert not (finished_run / "eval.json").exists()
+
+
+@pytest.mark.parametrize("command", ["eval", "enjoy"])
+@pytest.mark.parametrize("seed, message", [(2**32, "seed must lie in [0, 2**32), got 4294967296"),
+                                           (-1, "seed must lie in [0, 2**32), got -1"),
+                                           (2**32 - 1, "with 2 episodes (one seed each) reaches 4294967296")])
+def test_eval_and_enjoy_refuse_seeds_outside_0_to_2_32(finished_run, capsys, command, seed, message):
+    assert main([command, "--run", str(finished_run), "--episodes", "2", f"--seed={seed}"]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert message in line and line.endswith("pass a --seed from 0 to 4294967294"), line
     assert not (finished_run / "eval.json").exists()

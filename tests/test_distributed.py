@@ -20,7 +20,7 @@ from conveyor.config import AlgoCfg, ArchCfg, ConfigError, EnvCfg, ModelCfg, Run
 from conveyor.distributed import Minibatches, check_config
 from conveyor.learner import load_latest_checkpoint
 from conveyor.storage.rollout import step_samples
-from tests.fault_env import HANGING_ID, children, descendants, gone_within
+from tests.fault_env import HANGING_ID, alive, children, descendants, gone_within
 
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 SMALL = ["--env", "CartPole-v1", "--num-envs", "8", "--num-workers", "1", "--torch-threads", "1", "--no-progress",
@@ -210,15 +210,25 @@ def wait_for(condition, what: str, proc: subprocess.Popen, timeout: float = 180)
         time.sleep(0.1)
 
 
+TORCHRUN_STOP_GRACE_S = 30
+"""How long torchrun waits for its ranks to exit once it has passed a signal on; then it SIGKILLs those left and
+says so ("forcefully exiting"). The bound a rank's stop has by design under torchrun: how long a rank takes to
+save, kill its env workers and exit depends on the machine's load."""
+
+
 def interrupt(proc: subprocess.Popen) -> tuple[list[int], str]:
-    """SIGINT to torchrun, which passes it on; both ranks must be gone within 10 s. Returns the env workers the
-    ranks had (to check none outlives them) and torchrun's stderr."""
+    """SIGINT to torchrun, which passes it on; both ranks must stop by themselves, within torchrun's grace (none
+    killed by torchrun). Returns the env workers the ranks had (to check none outlives them) and torchrun's
+    stderr."""
     ranks = rank_pids(proc.pid)
     assert sorted(ranks) == [0, 1]
     workers = [pid for rank in ranks.values() for pid in descendants(rank)]
     proc.send_signal(signal.SIGINT)
-    assert gone_within(ranks.values(), 10), "a rank took longer than 10 s to stop"
-    return workers, proc.communicate(timeout=60)[1]
+    stderr = proc.communicate(timeout=TORCHRUN_STOP_GRACE_S + 120)[1]  # torchrun exits once its ranks are gone
+    killed = "forcefully exiting" in stderr  # torchrun's word for a rank it SIGKILLed
+    assert not killed, f"a rank outlasted torchrun's {TORCHRUN_STOP_GRACE_S} s grace: {stderr[-3000:]}"
+    assert not [pid for pid in ranks.values() if alive(pid)]
+    return workers, stderr
 
 
 @pytest.mark.slow
@@ -240,7 +250,9 @@ def test_sigint_to_torchrun_while_the_ranks_replay_a_resumed_runs_games_stops_th
     """A signal stops a running job at the ranks' next shared update, but envs that still replay a resumed run's
     games have no step to keep in step: each rank kills them at once, says so in one line and exits 0."""
     out, marker = tmp_path / "run", tmp_path / "replaying"
-    flags = ["--arch", "paac", "--algo", "a2c", "--env", HANGING_ID, "--target-return", "inf"]
+    # shm: the replay must run in env worker processes, which a rank can kill (--env-backend auto would step this
+    # one-worker run's envs in the rank itself, where a hung replay holds the rank until torchrun SIGKILLs it).
+    flags = ["--arch", "paac", "--algo", "a2c", "--env", HANGING_ID, "--env-backend", "shm", "--target-return", "inf"]
     finished(torchrun(out, *flags, "--env-arg", "hang_at=1000000000", "--total-steps", "2400"))
     saved = {path.name: path.read_bytes() for path in (out / "checkpoints").glob("*.pt")}
     # Each rank's one env worker hangs in its replay (marker.0, marker.1): at 2400 steps of this seed's run, each

@@ -209,7 +209,7 @@ def test_agent_writes_time_major_segments_and_the_last_observation_of_a_cut_epis
 
     answering = threading.Thread(target=predictor)
     answering.start()
-    agent = threading.Thread(target=run_agent, args=(env, link, 4))
+    agent = threading.Thread(target=run_agent, args=(env, "Counting", link, 4))
     agent.start()
     try:
         slots = channels.take_segments(2, lambda: False)

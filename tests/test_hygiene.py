@@ -69,6 +69,23 @@ def test_an_env_that_raises_in_the_start_up_check_is_one_line(tmp_path, capsys):
     assert len(line.splitlines()) == 1
 
 
+def test_an_env_whose_reset_raises_while_auto_times_it_is_one_line(tmp_path, capsys):
+    assert main(["train", "--env", RAISING_ID, "--out", str(tmp_path / "run"), *QUIET]) == 1
+    line = failure_line(capsys)
+    assert f"env {RAISING_ID!r} raised while --env-backend auto timed its steps: {RESET_FAULT}" in line, line
+
+
+def test_a_ga3c_agent_names_its_env_and_exception(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", "--arch", "ga3c", "--env", RAISING_ID, "--env-backend", "shm", "--out", str(run),
+                 *QUIET]) == 1
+    line = failure_line(capsys)
+    assert re.search(rf"GA3C agent \d \(pid \d+\) died \(exit code 1\): env \d \({re.escape(RAISING_ID)}\) raised on "
+                     rf"reset: {RESET_FAULT}", line), line
+    assert f"traceback in {run / 'errors.log'}" in line, line
+    assert RESET_FAULT in logged(run)
+
+
 @pytest.mark.slow
 def test_an_impact_worker_names_its_env_and_exception(tmp_path, capsys):
     run = tmp_path / "run"

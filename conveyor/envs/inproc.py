@@ -203,6 +203,9 @@ def measure_step_us(cfg: EnvCfg, seed: int, *, rounds: int = 5, steps: int = 40,
         return best
     except _MeasureTimeout:
         return math.inf
+    except Exception as error:  # the env's own (a reset that raises, say): one line naming it
+        raise WorkerFailure(f"env {cfg.id!r} raised while --env-backend auto timed its steps: {error_line(error)}",
+                            "".join(traceback.format_exception(error))) from None
     finally:
         env.close()
 

@@ -15,7 +15,10 @@ same id, up to ``max_restarts`` restarts per run in all (the architecture
 passes ``cfg.env.max_restarts``; the default here, 0, never restarts), each
 reported through ``on_restart(dropped_steps)``. The death that would need
 one restart more raises ``WorkerFailure`` (``conveyor.procs.RestartBudget``):
-one line naming the agent, its pid, its exit reason and the fix. An agent
+one line naming the agent, its pid, its exit reason and the fix. An agent whose env's ``make`` or
+``reset`` raises (a ``step`` that raises only cuts the episode) writes why into its ``message`` row before it
+exits: the line names the env and the call and ends with the exception's last line, and the traceback reaches
+the run's ``errors.log`` (``WorkerFailure.details``). An agent
 whose env has been in one call (make, reset, step) for longer than
 ``env_step_timeout_s`` (it stamps ``env_call_since``) is killed as hung and
 counts as dead.
@@ -41,12 +44,16 @@ from typing import Any, Callable
 import numpy as np
 
 from conveyor.architectures.ga3c.queues import INDEX_DTYPE, Channels, IndexPipe, Reply
+from conveyor.envs.shm_worker import EnvRaised, read_message, write_error, write_message
+from conveyor.errors import error_line
 from conveyor.procs import (CLOSE_GRACE_S, RestartBudget, array_specs_from_json, child_prologue, exit_reason,
                             parent_gone, reap, start_child)
 from conveyor.storage.shm import SharedArrays
 
 _AGENT_ENTRY = "from conveyor.architectures.ga3c.agents import agent_main; agent_main()"
 _POLL_MS = 500
+FAILED_EXIT = 1
+"""An agent's exit code after an error it reported in its ``message`` row."""
 
 
 class AgentPool:
@@ -105,6 +112,7 @@ class AgentPool:
         channels = self.channels
         channels["stop"][agent] = False
         channels["env_call_since"][agent] = 0.0
+        channels["message"][agent] = 0
         reply_read, reply_write = os.pipe()
         spec = {"cfg": self.cfg_dict, "seed": self.base_seed, **channels.agent_spec(agent, reply_read)}
         try:
@@ -144,9 +152,11 @@ class AgentPool:
             if process.pid in self.hung_pids:
                 how = (f"hung: an env call did not return for {self.env_step_timeout_s:g} s "
                        "(--env-step-timeout-s; raise it if the env is that slow); killed it")
+                details = ""
             else:
-                how = f"died ({exit_reason(process.returncode)})"
-            self.restart_budget.spend(f"GA3C agent {agent} (pid {process.pid}) {how}")
+                line, details = read_message(self.channels["message"][agent])  # an agent that failed says why
+                how = f"died ({exit_reason(process.returncode)})" + (f": {line}" if line else "")
+            self.restart_budget.spend(f"GA3C agent {agent} (pid {process.pid}) {how}", details)
             dropped = self.channels.detach(agent)
             self.dropped_steps += dropped
             self._launch(agent)
@@ -252,9 +262,11 @@ class AgentLink:
         self.shared.close()
 
 
-def run_agent(env: Any, link: AgentLink, unroll: int, seed: int | None = None) -> None:
-    """Play ``env`` in segments of ``unroll`` steps until asked to stop. With ``seed`` (the run's), episode ``e``
-    of this agent id starts with ``reset(seed=episode_seed(seed, agent, e))``; without, unseeded resets."""
+def run_agent(env: Any, env_id: str, link: AgentLink, unroll: int, seed: int | None = None) -> None:
+    """Play ``env`` (made from ``env_id``) in segments of ``unroll`` steps until asked to stop. With ``seed`` (the
+    run's), episode ``e`` of this agent id starts with ``reset(seed=episode_seed(seed, agent, e))``; without,
+    unseeded resets. A step that raises cuts the episode and is counted; a reset that raises ends the agent
+    (``EnvRaised``)."""
     from conveyor.envs import EPISODE_KEY, episode_seed
 
     a = link.agent
@@ -265,7 +277,10 @@ def run_agent(env: Any, link: AgentLink, unroll: int, seed: int | None = None) -
         episode = int(episodes[a])
         episodes[a] = episode + 1  # before any step of it is written: a successor never repeats it
         since[a] = time.monotonic()
-        started = env.reset(seed=episode_seed(seed, a, episode)) if seed is not None else env.reset()
+        try:
+            started = env.reset(seed=episode_seed(seed, a, episode)) if seed is not None else env.reset()
+        except Exception as error:
+            raise EnvRaised(f"env {a} ({env_id}) raised on reset: {error_line(error)}") from error
         since[a] = 0.0
         return started
 
@@ -286,7 +301,8 @@ def run_agent(env: Any, link: AgentLink, unroll: int, seed: int | None = None) -
         try:
             next_obs, reward, terminated, truncated, info = env.step(action)
         except Exception:  # an env bug must not stop the run: cut the episode, reset, and count it
-            print(f"conveyor GA3C agent {a}: env raised on step:\n{traceback.format_exc()}", file=sys.stderr)
+            print(f"conveyor GA3C agent {a}: env {a} ({env_id}) raised on step:\n{traceback.format_exc()}",
+                  file=sys.stderr)
             env_errors[a] += 1
             next_obs, reward, terminated, truncated, info = obs, 0.0, False, True, {}
         since[a] = 0.0
@@ -319,11 +335,20 @@ def agent_main() -> None:
     cfg = RunCfg.from_dict(spec["cfg"])
     link = AgentLink(spec)
     agent, seed = link.agent, int(spec["seed"])
+    message = link["message"][agent]  # what failed, for the learner's line about this agent's death
     link["env_call_since"][agent] = time.monotonic()
-    env = make_env(cfg.env, episode_seed(seed, agent, int(link["episodes"][agent])), cfg.algo.gamma)
+    try:
+        env = make_env(cfg.env, episode_seed(seed, agent, int(link["episodes"][agent])), cfg.algo.gamma)
+    except Exception as error:
+        write_message(message, f"building its env ({cfg.env.id}) failed: {error_line(error)}", traceback.format_exc())
+        link.close()
+        sys.exit(FAILED_EXIT)
     link["env_call_since"][agent] = 0.0
     try:
-        run_agent(env, link, cfg.arch.unroll, seed)
+        run_agent(env, cfg.env.id, link, cfg.arch.unroll, seed)
+    except Exception as error:
+        write_error(message, error)  # the traceback goes to the run's errors.log, not to the terminal
+        sys.exit(FAILED_EXIT)
     finally:
         env.close()
         link.close()

@@ -62,6 +62,7 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import numpy as np
 
+from conveyor.envs.shm_worker import MESSAGE_BYTES
 from conveyor.storage.shm import ArraySpec, SharedArrays
 
 if TYPE_CHECKING:  # agent processes import this module and never load torch
@@ -151,6 +152,8 @@ def channel_specs(schema: RolloutSchema, num_ids: int, num_segments: int, unroll
         ArraySpec("episodes", (A,), "int64"),
         # time.monotonic() at which the id's holder began the env call under way (make, reset, step); 0: none.
         ArraySpec("env_call_since", (A,), "float64"),
+        # Why the id's holder ended, if it failed: one line, then the traceback (``shm_worker.write_message``).
+        ArraySpec("message", (A, MESSAGE_BYTES), "uint8"),
         # The segment slot the id's holder claimed (read from the free pipe straight into here) and its generation.
         ArraySpec("holding", (A,), INDEX_DTYPE.str),
         ArraySpec("holding_gen", (A,), "int64"),
@@ -165,6 +168,7 @@ def channel_specs(schema: RolloutSchema, num_ids: int, num_segments: int, unroll
 # Fields that coordinate rather than carry data: they start at these values, not at the marker.
 _CONTROL_START = {"request_seq": 0, "reply_seq": -1, "stop": False, "shutdown": False, "steps": 0,
                   "env_time_s": 0.0, "wait_time_s": 0.0, "env_errors": 0, "episodes": 0, "env_call_since": 0.0,
+                  "message": 0,
                   "holding": -1, "holding_gen": -1, "seg_steps": 0, "seg_gen": 0}
 
 
