@@ -26,7 +26,9 @@ best.toml`` runs as is.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
+import fcntl
 import json
 import math
 import os
@@ -195,12 +197,29 @@ def open_storage(optuna: Any, url: str) -> Any:
             from optuna.storages.journal import JournalFileBackend
 
             return optuna.storages.JournalStorage(JournalFileBackend(url.removeprefix("journal:")))
-        return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
-                                          heartbeat_stale_trial_callback=retry)
+        with sqlite_schema_lock(url):
+            return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
+                                              heartbeat_stale_trial_callback=retry)
     except Exception as error:  # sqlalchemy's and the drivers' errors have no common base but Exception
         reason = " ".join(str(error).split("\n")[0].split())
         raise ConfigError(f"--storage {url} cannot be opened ({type(error).__name__}: {reason}): check the URL, "
                           "that the server is up, and its driver (postgresql: pip install psycopg2)") from None
+
+
+@contextlib.contextmanager
+def sqlite_schema_lock(url: str) -> Iterator[None]:
+    """For a SQLite file: one process at a time opens it (``DB.lock`` beside it, ``fcntl.flock``). Two tuners
+    started together on a new file each found no tables and each created them ("table ... already exists")."""
+    prefix = "sqlite:///"
+    if not url.startswith(prefix) or url == prefix:  # a server's URL, or SQLite in memory
+        yield
+        return
+    fd = os.open(f"{url.removeprefix(prefix)}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def open_study(optuna: Any, storage: Any, name: str, url: str, attrs: dict[str, Any], seed: int, out: Path) -> Any:
