@@ -75,6 +75,7 @@ def test_two_run_matrix_end_to_end(tmp_path):
     assert all(marker in text for marker in section_markers("pair"))
 
 
+@pytest.mark.slow  # runs the SB3 peer where it is installed
 def test_failed_run_is_recorded_and_the_suite_continues(tmp_path):
     # Fails inside the child: there is no earlier run to resume.
     broken = tiny_run("broken", 0)
@@ -334,6 +335,7 @@ def test_seed_band_holds_a_run_that_stopped_at_the_threshold():
     assert unheld.tolist() == [0, 2, 2, 1, 1]
 
 
+@pytest.mark.slow
 def test_learning_suite_runs_a_real_child_end_to_end(tmp_path, capsys):
     out = tmp_path / "learning"
     code = main(["bench", "--suite", "learning", "--quick", "--budget-scale", "0.01", "--archs", "paac",

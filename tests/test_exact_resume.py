@@ -20,9 +20,9 @@ ARCHS = {"paac": ArchCfg(name="paac", unroll=8), "hts": ArchCfg(name="hts", num_
 @pytest.mark.parametrize("arch,algo,env,total_steps,split_at,resumed_workers", [
     ("paac", "a2c", "CartPole-v1", 12_000, 5_000, 2),
     pytest.param("paac", "ppo", "CartPole-v1", 4_000, 1_600, 2, marks=pytest.mark.slow),
-    ("paac", "a2c", "Pendulum-v1", 3_000, 1_020, 2),
-    ("paac", "a2c", "CartPole-v1", 6_000, 2_500, 4),
-    # make test keeps PAAC's A2C rows; HTS, PPO and gSDE resume exactly in make test-slow
+    pytest.param("paac", "a2c", "Pendulum-v1", 3_000, 1_020, 2, marks=pytest.mark.slow),
+    pytest.param("paac", "a2c", "CartPole-v1", 6_000, 2_500, 4, marks=pytest.mark.slow),
+    # make test keeps PAAC's A2C row; PPO, gSDE, a moved run and HTS resume exactly in make test-slow
     pytest.param("hts", "a2c", "CartPole-v1", 8_000, 3_000, 2, marks=pytest.mark.slow),
     pytest.param("hts", "ppo", "CartPole-v1", 3_000, 1_200, 2, marks=pytest.mark.slow),
     pytest.param("hts", "a2c", "Pendulum-v1", 3_000, 1_200, 2, marks=pytest.mark.slow),
