@@ -202,7 +202,8 @@ def test_the_asynchronous_architectures_act_and_learn_with_gsde(tmp_path, arch, 
     assert sigma.shape == (16, 1) and not torch.all(sigma == cfg.model.log_std_init)
 
 
-@pytest.mark.slow  # 4-6 minutes on the 2-core machine (twice that when the first seed misses)
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # 4-6 minutes on the 2-core machine, twice that when the first seed misses
 def test_seed_vtrace_learns_pendulum_with_default_flags(tmp_path):
     """The Pendulum row of issue 15 with nothing but --arch seed --env Pendulum-v1: the preset's gSDE recipe.
     Random play scores about -1250; each of seeds 1-14 measured ended between -193 and -366 at 300k steps
