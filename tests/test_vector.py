@@ -388,6 +388,23 @@ def test_auto_steps_cheap_envs_in_process_and_slow_ones_in_workers():
         assert type(venv).__name__ == "InProcessVectorEnv"
 
 
+def test_timing_an_env_keeps_a_timer_set_before_it():
+    """pytest-timeout (and a caller's alarm) arm SIGALRM before a run starts: auto's bounded timing gives the
+    timer back with what it had left, rather than cancel it."""
+    from conveyor.envs.inproc import choose_backend
+
+    fired = []
+    previous = signal.signal(signal.SIGALRM, lambda signum, frame: fired.append(signum))
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 600)
+        choose_backend(EnvCfg(id="CartPole-v1", num_envs=4, num_workers=2), 0)
+        left, _ = signal.getitimer(signal.ITIMER_REAL)
+        assert 500 < left <= 600 and signal.getsignal(signal.SIGALRM) is not None and not fired
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 @pytest.mark.slow
 def test_auto_gives_an_env_whose_step_hangs_to_worker_processes():
     from conveyor.envs.inproc import MEASURE_LIMIT_S, choose_backend

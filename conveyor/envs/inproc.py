@@ -159,7 +159,8 @@ class _MeasureTimeout(Exception):
 @contextlib.contextmanager
 def _alarm_after(seconds: float) -> Iterator[None]:
     """Raise ``_MeasureTimeout`` in this thread after ``seconds`` (SIGALRM: the main thread only; elsewhere, and
-    where signals do not exist, no bound)."""
+    where signals do not exist, no bound). A timer set before (pytest-timeout's, a caller's ``alarm``) is set
+    again afterwards with the time it had left, at once if that ran out meanwhile."""
     if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
         yield
         return
@@ -168,12 +169,15 @@ def _alarm_after(seconds: float) -> Iterator[None]:
         raise _MeasureTimeout
 
     previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    earlier, _ = signal.setitimer(signal.ITIMER_REAL, seconds)
+    start = time.monotonic()
     try:
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+        if earlier > 0:
+            signal.setitimer(signal.ITIMER_REAL, max(earlier - (time.monotonic() - start), 1e-3))
 
 
 def measure_step_us(cfg: EnvCfg, seed: int, *, rounds: int = 5, steps: int = 40, max_s: float = 0.5) -> float:
