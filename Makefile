@@ -28,8 +28,9 @@ test: venv
 
 # The tests marked slow (learning runs, Ray, torchrun, long fault runs), on the same two workers: each test has
 # its own tmp_path and ports (torchrun --standalone, a local Ray of its own, SEED's localhost:0).
+# --timeout 900: a learning run takes up to 6 minutes here, more beside another slow test; a test's own mark wins.
 test-slow: venv
-	$(BIN)/python -m pytest -q -m slow -n $(TEST_WORKERS) --dist worksteal --durations=15 || [ $$? -eq 5 ]
+	$(BIN)/python -m pytest -q -m slow -n $(TEST_WORKERS) --dist worksteal --durations=15 --timeout 900 || [ $$? -eq 5 ]
 
 # The learning tests are the slow ones (each architecture learns with its presets); the whole matrix is
 # `conveyor bench --suite learning`.
