@@ -138,6 +138,7 @@ def check_video(run_dir: Path) -> dict[str, str]:
 
 
 # ---- W&B ------------------------------------------------------------------------------------------
+@pytest.mark.slow  # the W&B offline run with videos (module fixture paac_run)
 def test_wandb_offline_run_holds_the_metrics_rows_and_the_config(paac_run, wandb_env):
     offline, records = wandb_run(paac_run)
     run_id = (paac_run / "wandb-run-id").read_text().strip()
@@ -178,6 +179,7 @@ def test_wandb_offline_run_holds_the_metrics_rows_and_the_config(paac_run, wandb
     assert final["param_sha256"] == summary["param_sha256"] and final["stop_reason"] == "total_steps reached"
 
 
+@pytest.mark.slow  # the W&B offline run with videos (module fixture paac_run)
 def test_a_resumed_run_continues_the_same_wandb_run(paac_run, wandb_env):
     resumed = wandb_env / "resumed"
     shutil.copytree(paac_run, resumed)
@@ -204,6 +206,7 @@ def test_wandb_without_the_package_is_one_line_and_exit_2(tmp_path, monkeypatch,
 
 
 # ---- videos during training ------------------------------------------------------------------------
+@pytest.mark.slow  # the W&B offline run with videos (module fixture paac_run)
 def test_paac_records_a_video_and_its_eval_return(paac_run):
     row = check_video(paac_run)
     assert int(row["eval/env_steps"]) == 400
@@ -250,6 +253,7 @@ def test_a_video_due_while_one_plays_is_skipped_and_counted(tmp_path):
 
 
 # ---- TensorBoard hparams ---------------------------------------------------------------------------
+@pytest.mark.slow  # the W&B offline run with videos (module fixture paac_run)
 def test_tensorboard_hparams_hold_the_config_with_the_final_return_as_metric(paac_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.plugins.hparams import plugin_data_pb2
