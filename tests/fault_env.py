@@ -259,15 +259,6 @@ def gone_within(pids: Iterable[int], timeout_s: float) -> bool:
     return True
 
 
-def descendants(pid: int) -> list[int]:
-    """Live descendants of ``pid``: its children, theirs, and so on."""
-    found, frontier = [], [pid]
-    while frontier:
-        frontier = [child for parent in frontier for child in children(parent)]
-        found += frontier
-    return found
-
-
 def kill_child(match: str, when: Callable[[], bool], timeout_s: float = 120.0,
                sig: int = signal.SIGKILL) -> threading.Thread:
     """A started thread that waits until ``when()`` holds, then kills one child whose command line contains

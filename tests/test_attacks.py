@@ -26,7 +26,8 @@ from conveyor.evaluate import evaluate_run
 from conveyor.learner import load_latest_checkpoint
 from conveyor.returns_file import read_returns
 from conveyor.run import checkpoint_steps
-from tests.fault_env import alive, descendants, gone_within
+from conveyor.procs import descendants
+from tests.fault_env import alive, gone_within
 
 TINY_RUN = ["--num-envs", "2", "--num-workers", "1", "--unroll", "5", "--torch-threads", "1", "--no-progress",
             "--target-return", "inf"]

@@ -20,7 +20,8 @@ from conveyor.config import AlgoCfg, ArchCfg, ConfigError, EnvCfg, ModelCfg, Run
 from conveyor.distributed import Minibatches, check_config
 from conveyor.learner import load_latest_checkpoint
 from conveyor.storage.rollout import step_samples
-from tests.fault_env import HANGING_ID, alive, children, descendants, gone_within
+from conveyor.procs import descendants
+from tests.fault_env import HANGING_ID, alive, children, gone_within
 
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 SMALL = ["--env", "CartPole-v1", "--num-envs", "8", "--num-workers", "1", "--torch-threads", "1", "--no-progress",

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.fault_env import HANGING_ID, alive, children, descendants
+from conveyor.procs import descendants
+from tests.fault_env import HANGING_ID, alive, children
 
 
 # make test keeps SIGHUP to a paac run's process group (tests/test_attacks.py), the same stop path.
