@@ -22,8 +22,9 @@ from conveyor.config import AlgoCfg, ArchCfg, EnvCfg, ModelCfg, RunCfg
 from conveyor.envs import make_vector_env
 from conveyor.envs import vector
 from conveyor.errors import WorkerDied, WorkerFailure
+from conveyor.procs import descendants
 from tests.fault_env import (HANGING_ID, TAGGED_ID, BatchRecorder, alive, check_transitions, children,
-                              descendants, kill_child)
+                              kill_child)
 
 VECTOR_TIMEOUT_S = 2.0
 RUN_TIMEOUT_S = 3.0
