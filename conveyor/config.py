@@ -37,7 +37,9 @@ from conveyor.errors import ConfigError
 from conveyor.imports import check_ref, is_ref, object_ref
 from conveyor.presets import ARCH_ALGOS, IMPACT_PRESETS, is_atari_id, is_minatar_id
 
-ARCHS = ("paac", "ga3c", "seed", "impact", "hts")
+ARCHS = tuple(ARCH_ALGOS)
+"""The architectures: ``presets.ARCH_ALGOS``'s keys (that one table also says which algorithms each runs, its own
+first, the default of --algo; ``SharedFields.check_in_run`` refuses a pair outside it)."""
 ALGOS = ("a2c", "ppo", "vtrace", "impact", "r2d2", "ga3c")
 MODELS = ("auto", "mlp", "nips_cnn", "nature_cnn", "impala_resnet", "minatar_cnn")
 WEIGHT_INITS = ("orthogonal", "torch")
@@ -51,8 +53,6 @@ OPTIMIZERS = ("rmsprop", "adam")
 LR_SCHEDULES = ("constant", "linear")
 IMPACT_RATIOS = ("target", "worker", "impact")
 
-# ARCH_ALGOS (imported above, from presets.py): which algorithms each architecture can run, its own first (the
-# default of --algo). A pair outside it is refused.
 RECURRENT_ALGOS = ("vtrace", "impact", "r2d2")
 """Algorithms whose architectures carry an LSTM core's state per env while acting (``--lstm-size``)."""
 
@@ -411,23 +411,77 @@ class AlgoCfg:
                   "impact_rho", "ga3c_eps", "n_step", "adam_eps", "rmsprop_eps")
 
 
+class _ArchSection:
+    """One architecture's (or a shared concern's) slice of ``ArchCfg``: its fields, declared by a frozen dataclass
+    that derives from this, and their checks. ``ArchCfg`` derives from every section, so the outside sees one flat
+    dataclass (flags, config.json's ``arch.*`` keys); each section validates only what it declares."""
+
+    def check(self: Any) -> None:
+        """Refuse bad values of this section's fields (``self`` is the whole ``ArchCfg``), in one line each."""
+
+    def check_in_run(self: Any, cfg: RunCfg) -> None:
+        """Refuse what this section's fields cannot do with the rest of ``cfg`` (resolved: no preset field None)."""
+
+
 @dataclass(frozen=True)
-class ArchCfg:
+class SharedFields(_ArchSection):
+    """Every architecture's: which one runs, and its unroll."""
+
     name: str = "paac"
     """Architecture: ``paac``, ``ga3c``, ``seed``, ``impact``, ``hts``."""
     unroll: int | None = None
     """t_max: steps per env in one rollout/unroll (SEED: unroll length; IMPACT uses worker_batch)."""
-    # paac
+
+    def check(self: Any) -> None:
+        _choice("arch", self.name, ARCHS)
+        _positive(self, "unroll")
+
+    def check_in_run(self: Any, cfg: RunCfg) -> None:
+        if cfg.algo.name not in ARCH_ALGOS[self.name]:
+            raise ConfigError(f"--arch {self.name} does not run --algo {cfg.algo.name}: "
+                              f"choose one of {', '.join(ARCH_ALGOS[self.name])}")
+
+
+@dataclass(frozen=True)
+class PaacFields(_ArchSection):
+    """PAAC's (``--arch paac``; other architectures ignore them)."""
+
     env_groups: int | None = None
     """PAAC: groups the env workers are cut into, stepped in turn so that one group's envs step while the policy
     runs on the next group's observations (Sample Factory's double-buffered sampling); 1 steps all at once. The
     actions of a seeded run do not change (docs/design.md "PAAC env groups"). Must divide num_workers."""
-    # hts
+
+    def check(self: Any) -> None:
+        _positive(self, "env_groups")
+
+    def check_in_run(self: Any, cfg: RunCfg) -> None:
+        if self.name == "paac" and self.env_groups > 1:  # other architectures ignore it
+            if cfg.env.backend not in ("shm", "auto"):
+                raise ConfigError(f"--env-groups {self.env_groups} steps groups of the shm backend's worker "
+                                  "processes: pass --env-groups 1 or --env-backend shm")
+            if cfg.env.num_workers % self.env_groups:
+                raise ConfigError(f"--env-groups {self.env_groups} must divide --num-workers "
+                                  f"{cfg.env.num_workers} (each group steps whole workers): pass a divisor of it")
+
+
+@dataclass(frozen=True)
+class HtsFields(_ArchSection):
+    """HTS-RL's (``--arch hts``)."""
+
     num_actors: int = 1
     """HTS: actor threads that batch whatever observations are waiting."""
     sync_interval: int | None = None
     """HTS alpha: steps per env between storage swaps (one update per swap)."""
-    # ga3c
+
+    def check(self: Any) -> None:
+        _positive(self, "num_actors", "sync_interval")
+        _at_most(self, MAX_PROCESSES, "processes or threads of one kind", "num_actors")
+
+
+@dataclass(frozen=True)
+class Ga3cFields(_ArchSection):
+    """GA3C's (``--arch ga3c``)."""
+
     num_agents: int | None = None
     """GA3C N_A: agent processes (each owns one env)."""
     num_predictors: int = 1
@@ -442,7 +496,18 @@ class ArchCfg:
     """GA3C: adjust N_P, N_T, N_A at run time to maximise TPS."""
     autotune_interval: float = 10.0
     """GA3C: seconds between autotune decisions."""
-    # seed
+
+    def check(self: Any) -> None:
+        _positive(self, "num_agents", "num_predictors", "num_trainers", "min_train_batch", "max_predict_batch",
+                  "autotune_interval")
+        _at_most(self, MAX_PROCESSES, "processes or threads of one kind", "num_agents", "num_predictors",
+                 "num_trainers")
+
+
+@dataclass(frozen=True)
+class SeedFields(_ArchSection):
+    """SEED RL's inference server and its actors (``--arch seed``)."""
+
     inference_batch: int = 32
     """SEED: most requests in one batched forward."""
     inference_timeout_ms: float = 2.0
@@ -464,7 +529,28 @@ class ArchCfg:
     actor_idle_timeout_s: float = 30.0
     """SEED: seconds the learner waits for an actor's Hello or next step before it ends the stream and frees its
     env slots (a live actor reconnects)."""
-    # launcher (seed, impact)
+
+    def check(self: Any) -> None:
+        _positive(self, "inference_batch", "inference_timeout_ms", "max_message_bytes", "max_actor_envs",
+                  "actor_idle_timeout_s")
+        _non_negative(self, "local_actors")
+        _at_most(self, MAX_PROCESSES, "processes or threads of one kind", "local_actors")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ConfigError("TLS needs both --tls-cert and --tls-key")
+        if self.name == "seed" and self.launcher == "ray" and not self.local_actors:
+            raise ConfigError("--launcher ray starts the run's actors as Ray actors: pass --local-actors N > 0 "
+                              "(actors you start yourself need no launcher)")
+
+    def check_in_run(self: Any, cfg: RunCfg) -> None:
+        if self.name == "seed" and self.local_actors and cfg.env.num_envs > self.max_actor_envs:
+            raise ConfigError(f"local actors with --num-envs {cfg.env.num_envs} would be refused by "
+                              f"--max-actor-envs {self.max_actor_envs}: raise --max-actor-envs or lower --num-envs")
+
+
+@dataclass(frozen=True)
+class LauncherFields(_ArchSection):
+    """Where SEED's actors and IMPACT's workers run (``--arch seed``, ``--arch impact``)."""
+
     launcher: str = "process"
     """SEED actors and IMPACT workers: ``process`` (child processes of this run) or ``ray`` (Ray actors, on this
     host or a cluster's nodes; needs ``pip install 'conveyor[ray]'``)."""
@@ -474,6 +560,25 @@ class ArchCfg:
     ray_strategy: str = "spread"
     """``--launcher ray``: how actors spread over nodes (Ray placement-group strategies): ``pack`` fills nodes
     in turn, ``spread`` spreads where it can, ``strict_spread`` needs a node per actor."""
+
+    def check(self: Any) -> None:
+        _choice("launcher", self.launcher, LAUNCHERS)
+        _choice("ray_strategy", self.ray_strategy, RAY_STRATEGIES)
+        if self.launcher == "ray" and self.name in ("paac", "hts"):
+            raise ConfigError(f"--arch {self.name} steps its envs beside one learner; --launcher ray places SEED "
+                              "actors and IMPACT workers: to spread paac or hts over machines run data-parallel "
+                              "learners with `torchrun --nproc_per_node N -m conveyor train ...`")
+        if self.launcher == "ray" and self.name == "ga3c":
+            raise ConfigError("--arch ga3c runs its agents beside the predictors in one process; --launcher ray "
+                              "places actors for --arch seed (central batched inference, GA3C's design over a "
+                              "network) or IMPACT workers: use --arch seed")
+
+
+@dataclass(frozen=True)
+class SeedLearnerFields(_ArchSection):
+    """SEED's learner: its batches (V-trace and R2D2) and, with ``--algo r2d2`` (which runs under ``--arch seed``),
+    its sequences and prioritized replay."""
+
     batch_size: int | None = None
     """Learner batch size in unrolls/sequences (SEED, R2D2)."""
     seq_len: int | None = None
@@ -492,7 +597,20 @@ class ArchCfg:
     checkpoint_replay: bool = True
     """R2D2: write the replay (frames zlib-compressed) and its sampler state into checkpoints, so ``--resume``
     goes on learning without refilling it; ``--no-checkpoint-replay`` for replays too big to write each time."""
-    # impact
+
+    def check(self: Any) -> None:
+        _positive(self, "batch_size", "seq_len", "replay_bytes", "replay_capacity", "min_replay")
+        _non_negative(self, "burn_in", "replay_ratio")
+        if self.burn_in is not None and self.seq_len is not None and self.burn_in >= self.seq_len:
+            raise ConfigError(f"burn_in ({self.burn_in}) must be smaller than seq_len ({self.seq_len}): lower "
+                              "--burn-in or raise --seq-len")
+
+
+@dataclass(frozen=True)
+class ImpactFields(_ArchSection):
+    """IMPACT's (``--arch impact``): its workers' batches, the circular buffer, the target network, the paper's
+    comparison presets."""
+
     worker_batch: int | None = None
     """IMPACT: steps per env in one worker batch (S)."""
     buffer_batches: int | None = None
@@ -505,39 +623,54 @@ class ArchCfg:
     """IMPACT: attach target-network log-probs; off with K=1 gives APPO."""
     preset: str = ""
     """IMPACT comparison preset: ``impact``, ``appo`` (K=1, no target network) or ``impala`` (same, algo vtrace)."""
-    # shared
+
+    def check(self: Any) -> None:
+        _choice("preset", self.preset or None, tuple(IMPACT_PRESETS))
+        if self.preset and self.name != "impact":
+            raise ConfigError(f"--preset {self.preset} is an IMPACT comparison preset: use it with --arch impact")
+        _positive(self, "worker_batch", "buffer_batches", "replay_times", "broadcast_interval")
+
+    def check_in_run(self: Any, cfg: RunCfg) -> None:
+        if self.name == "impact" and cfg.algo.kl_coef > 0 and not self.use_target_network:
+            raise ConfigError("--kl-coef penalises KL(target || learner) and needs the target network: "
+                              "drop --no-use-target-network or set --kl-coef 0")
+
+
+@dataclass(frozen=True)
+class TargetNetworkFields(_ArchSection):
+    """A target network's, shared by IMPACT and R2D2."""
+
     target_update: int | None = None
     """Updates between target-network syncs (IMPACT, R2D2)."""
 
+    def check(self: Any) -> None:
+        _positive(self, "target_update")
+
+
+# The sections in field order: a dataclass lists its last base's fields first, so ArchCfg names them backwards.
+@dataclass(frozen=True)
+class ArchCfg(TargetNetworkFields, ImpactFields, SeedLearnerFields, LauncherFields, SeedFields, Ga3cFields,
+              HtsFields, PaacFields, SharedFields):
+    """The architecture's settings: one flat dataclass (flags ``--num-agents``, config.json keys ``arch.*``) made
+    of the sections ``ARCH_SECTIONS``, each declaring and checking its own fields."""
+
     def __post_init__(self) -> None:
         _typed(self)
-        _choice("arch", self.name, ARCHS)
-        _choice("preset", self.preset or None, tuple(IMPACT_PRESETS))
-        _choice("launcher", self.launcher, LAUNCHERS)
-        _choice("ray_strategy", self.ray_strategy, RAY_STRATEGIES)
-        if self.launcher == "ray" and self.name in ("paac", "hts"):
-            raise ConfigError(f"--arch {self.name} steps its envs beside one learner; --launcher ray places SEED "
-                              "actors and IMPACT workers: to spread paac or hts over machines run data-parallel "
-                              "learners with `torchrun --nproc_per_node N -m conveyor train ...`")
-        if self.launcher == "ray" and self.name == "ga3c":
-            raise ConfigError("--arch ga3c runs its agents beside the predictors in one process; --launcher ray "
-                              "places actors for --arch seed (central batched inference, GA3C's design over a "
-                              "network) or IMPACT workers: use --arch seed")
-        if self.preset and self.name != "impact":
-            raise ConfigError(f"--preset {self.preset} is an IMPACT comparison preset: use it with --arch impact")
-        _positive(self, "unroll", "num_actors", "sync_interval", "num_agents", "num_predictors",
-                  "num_trainers", "min_train_batch", "max_predict_batch", "autotune_interval",
-                  "inference_batch", "inference_timeout_ms", "max_message_bytes", "max_actor_envs",
-                  "actor_idle_timeout_s", "batch_size", "seq_len", "replay_bytes", "replay_capacity", "min_replay",
-                  "worker_batch", "buffer_batches", "replay_times", "broadcast_interval", "target_update")
-        _positive(self, "env_groups")
-        _non_negative(self, "burn_in", "local_actors", "replay_ratio")
-        _at_most(self, MAX_PROCESSES, "processes or threads of one kind", "num_actors", "num_agents",
-                 "num_predictors", "num_trainers", "local_actors")
-        if self.burn_in is not None and self.seq_len is not None and self.burn_in >= self.seq_len:
-            raise ConfigError(f"burn_in ({self.burn_in}) must be smaller than seq_len ({self.seq_len})")
-        if bool(self.tls_cert) != bool(self.tls_key):
-            raise ConfigError("TLS needs both --tls-cert and --tls-key")
+        self.check()
+
+    def check(self) -> None:
+        """Every section's ``check``, in field order."""
+        for section in ARCH_SECTIONS:
+            section.check(self)
+
+    def check_in_run(self, cfg: RunCfg) -> None:
+        """Every section's ``check_in_run`` (``RunCfg.__post_init__`` calls it once the presets are filled in)."""
+        for section in ARCH_SECTIONS:
+            section.check_in_run(self, cfg)
+
+
+ARCH_SECTIONS: tuple[type[_ArchSection], ...] = tuple(reversed(ArchCfg.__bases__))
+"""``ArchCfg``'s sections, in field order."""
 
 
 @dataclass(frozen=True)
@@ -607,23 +740,9 @@ class RunCfg:
             raise ConfigError(f"--algo {self.algo.name} runs feed-forward models (a recurrent core runs with "
                               "--algo vtrace under --arch seed or impact, --algo impact, --algo r2d2): "
                               "drop --lstm-size")
-        if self.arch.name == "impact" and self.algo.kl_coef > 0 and not self.arch.use_target_network:
-            raise ConfigError("--kl-coef penalises KL(target || learner) and needs the target network: "
-                              "drop --no-use-target-network or set --kl-coef 0")
-        if self.algo.name not in ARCH_ALGOS[self.arch.name]:
-            raise ConfigError(
-                f"--arch {self.arch.name} does not run --algo {self.algo.name}: "
-                f"choose one of {', '.join(ARCH_ALGOS[self.arch.name])}"
-            )
+        self.arch.check_in_run(self)
         if not (self.device == "cpu" or self.device.startswith("cuda") or self.device == "mps"):
             raise ConfigError(f"unknown device {self.device!r}: use cpu, cuda or cuda:N")
-        if self.arch.name == "paac" and self.arch.env_groups > 1:  # other architectures ignore it
-            if self.env.backend not in ("shm", "auto"):
-                raise ConfigError(f"--env-groups {self.arch.env_groups} steps groups of the shm backend's worker "
-                                  "processes: pass --env-groups 1 or --env-backend shm")
-            if self.env.num_workers % self.arch.env_groups:
-                raise ConfigError(f"--env-groups {self.arch.env_groups} must divide --num-workers "
-                                  f"{self.env.num_workers} (each group steps whole workers): pass a divisor of it")
 
     @property
     def preset_sources(self) -> dict[str, str]:
@@ -798,8 +917,13 @@ def read_config_file(path: Path | str) -> dict[str, Any]:
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """The docstring under each field of a config dataclass (for --help and the docs)."""
-    return _module_field_docs(cls.__module__).get(cls.__qualname__, {})
+    """The docstring under each field of a config dataclass (for --help and the docs), those of the classes it
+    derives from (``ArchCfg``'s sections) included."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(klass):
+            docs.update(_module_field_docs(klass.__module__).get(klass.__qualname__, {}))
+    return docs
 
 
 @functools.lru_cache(maxsize=None)

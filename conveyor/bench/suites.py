@@ -27,12 +27,14 @@ from typing import Any, Callable, Sequence
 
 from conveyor.config import AlgoCfg, ArchCfg, EnvCfg, ModelCfg, RunCfg
 from conveyor.errors import ConfigError
+from conveyor.presets import ARCH_ALGOS, own_algo
 from conveyor.envs import STEP_TIME_ID
 
 FRAMEWORKS = ("conveyor", "sb3", "sample-factory", "cleanrl")
-# The algorithm each architecture runs in the suites (discrete actions / continuous actions).
-ARCH_ALGOS = {"paac": "a2c", "ga3c": "ga3c", "seed": "vtrace", "impact": "impact", "hts": "a2c"}
-ARCH_ALGOS_CONTINUOUS = {"paac": "ppo", "ga3c": "a2c", "seed": "vtrace", "impact": "impact", "hts": "ppo"}
+# The algorithm each architecture runs in the suites: on discrete actions its own (``presets.ARCH_ALGOS``, the one
+# architecture -> algorithms table); on continuous actions PPO for paac and hts and A2C for ga3c.
+SUITE_ALGOS = {arch: own_algo(arch) for arch in ARCH_ALGOS}
+SUITE_ALGOS_CONTINUOUS = {**SUITE_ALGOS, "paac": "ppo", "ga3c": "a2c", "hts": "ppo"}
 START_AND_EVAL_GRACE_S = 240.0
 """Seconds a child gets beyond its training time limit, for start-up and evaluation."""
 
@@ -184,14 +186,14 @@ def quick_suite(seeds: Sequence[int] = (0,)) -> Suite:
     ]
     return Suite("quick", "all five architectures on CartPole-v1 (60k env steps, 30 s cap) and "
                  "conveyor/StepTime-v0 (exponential 1 ms steps; 20k env steps, 25 s cap); 16 envs, 2 env workers, "
-                 "one learner thread", arch_matrix(ARCH_ALGOS, budgets, seeds, torch_threads=1, log_interval_s=1.0))
+                 "one learner thread", arch_matrix(SUITE_ALGOS, budgets, seeds, torch_threads=1, log_interval_s=1.0))
 
 
 def atari_suite(seeds: Sequence[int] = (0,)) -> Suite:
     budgets = [EnvBudget(EnvCfg(id=env_id, num_envs=32, num_workers=8), total_steps=10_000_000,
                          time_limit_s=3 * 3600.0) for env_id in ("ALE/Pong-v5", "ALE/Breakout-v5")]
     return Suite("atari", "all five architectures on Pong and Breakout (10M env steps, 3 h cap; 32 envs, "
-                 "8 env workers)", arch_matrix(ARCH_ALGOS, budgets, seeds, log_interval_s=10.0))
+                 "8 env workers)", arch_matrix(SUITE_ALGOS, budgets, seeds, log_interval_s=10.0))
 
 
 def mujoco_suite(seeds: Sequence[int] = (0,)) -> Suite:
@@ -199,7 +201,7 @@ def mujoco_suite(seeds: Sequence[int] = (0,)) -> Suite:
                          time_limit_s=3600.0)]
     return Suite("mujoco", "all five architectures on HalfCheetah-v5 with their continuous-action algorithms "
                  "(1M env steps, 1 h cap; 16 envs, 4 env workers)",
-                 arch_matrix(ARCH_ALGOS_CONTINUOUS, budgets, seeds, log_interval_s=5.0))
+                 arch_matrix(SUITE_ALGOS_CONTINUOUS, budgets, seeds, log_interval_s=5.0))
 
 
 def peers_suite(seeds: Sequence[int] = (0,)) -> Suite:

@@ -74,17 +74,13 @@ from conveyor.architectures.seed.server import (MAX_PEER_ENV_SLOTS, MAX_PEER_STR
 
 
 def check_config(cfg: RunCfg) -> None:
+    """Refuse what this host and the server's limits cannot run (the config's own values were checked by
+    ``config.SeedFields``)."""
     if cfg.arch.launcher == "ray":
         check_available()
-        if not cfg.arch.local_actors:
-            raise ConfigError("--launcher ray starts the run's actors as Ray actors: pass --local-actors N > 0 "
-                              "(actors you start yourself need no launcher)")
     if cfg.arch.listen.startswith("unix:") and len(unix_socket_path(cfg.arch.listen)) > 100:
         raise ConfigError(f"unix socket path {unix_socket_path(cfg.arch.listen)!r} is too long (unix sockets "
                           "allow about 100 characters): pick a shorter --listen unix:PATH")
-    if cfg.arch.local_actors and cfg.env.num_envs > cfg.arch.max_actor_envs:
-        raise ConfigError(f"local actors with --num-envs {cfg.env.num_envs} would be refused by --max-actor-envs "
-                          f"{cfg.arch.max_actor_envs}: raise --max-actor-envs or lower --num-envs")
     if cfg.arch.local_actors > MAX_PEER_STREAMS or cfg.arch.local_actors * cfg.env.num_envs > MAX_PEER_ENV_SLOTS:
         raise ConfigError(f"--local-actors {cfg.arch.local_actors} x --num-envs {cfg.env.num_envs} is more than one "
                           f"host may run ({MAX_PEER_STREAMS} actors, {MAX_PEER_ENV_SLOTS} envs): start fewer local "
