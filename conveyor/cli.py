@@ -204,8 +204,20 @@ def config_from_args(args: argparse.Namespace) -> RunCfg:
         if recorded and dest not in ("resume", "out"):
             check_resume_change(dest, recorded[dest], value, given["resume"])  # the rule Run applies again
         (sections[section] if section else top)[name] = value
+    if not recorded:  # a resumed run's config.json holds every preset value (and the family, unless it predates it)
+        _find_env_family(sections["env"])
     data = {**top, **sections}
     return RunCfg.from_dict(data)
+
+
+def _find_env_family(env: dict[str, Any]) -> None:
+    """Set ``env["family"]`` (the ``env`` section of a config being built) where it is not given and the id alone
+    does not tell it (``RunCfg`` fills it then): an env of your own is built once here to find it."""
+    env_id, env_args = env.get("id", EnvCfg.id), tuple(env.get("env_args", ()))
+    if env.get("family") is None and presets.id_family(env_id, env_args) is None:
+        from conveyor.envs.gym_api import env_family  # here: it imports the env stack, which few configs need
+
+        env["family"] = env_family(env_id, env_args)
 
 
 def _resumed_config(run_dir: str, out: str | None) -> dict[str, Any]:
@@ -282,12 +294,13 @@ def table_lines() -> list[str]:
 def explain_lines(cfg: RunCfg, given: set[str], file_origins: dict[str, str] | None = None) -> list[str]:
     """One line per field of ``cfg``: value and origin, ``explicit`` (in ``given``, ``section.field`` names),
     ``config(FILE) over ...`` (``file_origins``: the values of ``--config FILE``, beside what they override),
-    ``preset(LAYER)`` or ``default`` (the dataclass default)."""
+    ``preset(LAYER)``, ``env`` (the family the env has) or ``default`` (the dataclass default)."""
     sources = cfg.preset_sources
-    family = presets.env_family(cfg.env.id, cfg.env.env_args)
-    lines = [f"# {cfg.arch.name}/{cfg.algo.name} on {cfg.env.id} (family {family})"]
+    lines = [f"# {cfg.arch.name}/{cfg.algo.name} on {cfg.env.id} (family {cfg.env.family})"]
     for key, value in flat_fields(cfg).items():
         origin = f"preset({sources[key]})" if key in sources else "explicit" if key in given else "default"
+        if key == "env.family" and origin == "default" and value is not None:
+            origin = "env"  # told by the id (RunCfg) or by building the env (_find_env_family)
         origin = (file_origins or {}).get(key, origin)
         lines.append(f"{key} = {value!r}  {origin}")
     return lines

@@ -35,7 +35,7 @@ from typing import Any
 import conveyor.presets as presets
 from conveyor.errors import ConfigError
 from conveyor.imports import check_ref, is_ref, object_ref
-from conveyor.presets import ARCH_ALGOS, IMPACT_PRESETS, is_atari_id, is_minatar_id
+from conveyor.presets import ARCH_ALGOS, FAMILIES, IMPACT_PRESETS, is_atari_id, is_minatar_id
 
 ARCHS = tuple(ARCH_ALGOS)
 """The architectures: ``presets.ARCH_ALGOS``'s keys (that one table also says which algorithms each runs, its own
@@ -87,6 +87,7 @@ FLAG_NAMES = {
     ("env", "id"): "--env",
     ("env", "backend"): "--env-backend",
     ("env", "env_args"): "--env-arg",
+    ("env", "family"): "--env-family",
     ("model", "name"): "--model",
     ("algo", "name"): "--algo",
     ("algo", "lr"): "--lr",
@@ -205,6 +206,12 @@ class EnvCfg:
     id: str = "CartPole-v1"
     """A gymnasium id (``CartPole-v1``, ``ALE/Pong-v5``, ``HalfCheetah-v5``, ``MinAtar/Breakout-v1``),
     ``conveyor/StepTime-v0``, or ``MODULE:ID`` for an env of your own (importing ``MODULE`` registers ``ID``)."""
+    family: str | None = None
+    """The env family whose presets the run takes: classic-discrete, classic-continuous, atari, mujoco, minatar.
+    ``RunCfg`` fills it where the id tells it (Atari, MinAtar, conveyor's own and gymnasium's envs; a family that
+    contradicts the id is refused); ``conveyor train`` builds an env of your own once to find it
+    (``conveyor.envs.gym_api.env_family``: its action space, its entry point's module); in Python, give it for an
+    env of your own whose config leaves a preset field unset."""
     num_envs: int | None = None
     """n_e: envs stepped in lockstep (or, in async architectures, envs per actor/worker group)."""
     num_workers: int | None = None
@@ -250,6 +257,7 @@ class EnvCfg:
             raise ConfigError(f"--env-arg max_episode_steps={json.dumps(steps)} must be a positive integer (the "
                               "steps after which an episode is cut off): pass e.g. max_episode_steps=500")
         _choice("env backend", self.backend, ENV_BACKENDS)
+        _choice("env family", self.family, FAMILIES)
         if self.normalize_reward and self.backend == "envpool":
             raise ConfigError("normalize_reward runs in conveyor's own env loop: use --env-backend shm, inproc or "
                               "auto, or drop --normalize-reward")
@@ -724,7 +732,12 @@ class RunCfg:
 
     def __post_init__(self) -> None:
         _typed(self)
-        resolved = presets.resolve(self)
+        told = presets.id_family(self.env.id, self.env.env_args)
+        if self.env.family is None and told is not None:  # frozen: set during construction only
+            object.__setattr__(self, "env", dataclasses.replace(self.env, family=told))
+        elif told not in (None, self.env.family):
+            raise ConfigError(f"env {self.env.id!r} is of family {told}, not {self.env.family}: drop --env-family")
+        resolved = presets.resolve(self, self.env.family)
         for name, value in resolved.fields.items():  # frozen: set during construction only
             object.__setattr__(self, name, value)
         object.__setattr__(self, "_preset_sources", resolved.sources)
@@ -763,7 +776,7 @@ class RunCfg:
             return self.torch_threads
         model = self.model.name
         if model == "auto" or is_ref(model):  # as auto picks: nature_cnn for frames (Atari here), mlp for vectors
-            model = "nature_cnn" if presets.env_family(self.env.id, self.env.env_args) == "atari" else "mlp"
+            model = "nature_cnn" if self.env.is_atari else "mlp"
         if model in ("mlp", "minatar_cnn"):
             return 1
         cores = os.cpu_count() or 1

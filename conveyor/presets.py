@@ -20,11 +20,16 @@ computed from the config once every plain value is in (IMPACT's target network:
 ``target_update = buffer_batches * replay_times``). Explicit values, from flags or Python, always
 win, even when they equal the preset's.
 
-Env families (``env_family``): ``atari`` (``ALE/...``, ``...NoFrameskip-v4``),
-``minatar`` (``MinAtar/...``), ``mujoco`` (the gymnasium entry point lives in
-a ``mujoco`` module), else ``classic-discrete`` or ``classic-continuous`` by
-the action space (``conveyor/StepTime-v0`` is classic-discrete; so is an env
-of your own, ``MODULE:ID``, with a Discrete action space).
+Env families: ``atari`` (``ALE/...``, ``...NoFrameskip-v4``), ``minatar``
+(``MinAtar/...``), ``mujoco`` (the gymnasium entry point lives in a ``mujoco``
+module), else ``classic-discrete`` or ``classic-continuous`` by the action
+space (conveyor's own envs, ``conveyor/StepTime-v0``, are classic-discrete; so
+is an env of your own, ``MODULE:ID``, with a Discrete action space). A config
+is no place to build an env, so ``resolve`` takes the family as given:
+``RunCfg`` passes ``EnvCfg.family``, which it fills from ``id_family`` where
+the id tells it (every id above but your own); for the rest,
+``conveyor.envs.gym_api.env_family`` builds the env once (``conveyor train``
+does so before it builds the config; in Python, pass ``EnvCfg(family=...)``).
 
 Every value cites its source in a ``# source:`` comment on its line (a test
 checks): a paper table, a reference configuration (seed_rl, rl-baselines3-zoo
@@ -44,6 +49,7 @@ from typing import Any, Callable
 
 import conveyor.hosts as hosts
 from conveyor.errors import ConfigError
+from conveyor.imports import is_ref
 
 # IMPACT paper comparison presets (`--preset`): the arch fields and the algorithm each one fixes.
 IMPACT_PRESETS: dict[str, tuple[dict[str, Any], str]] = {
@@ -65,6 +71,51 @@ def is_minatar_id(env_id: str) -> bool:
 
 
 FAMILIES = ("classic-discrete", "classic-continuous", "atari", "mujoco", "minatar")
+OWN_ENVS_PREFIX = "conveyor/"
+"""The namespace of conveyor's own envs (``conveyor/StepTime-v0``, ``conveyor/Memory-v0``): all act discretely."""
+
+GYMNASIUM_CONTINUOUS: dict[str, bool | tuple[str, bool]] = {
+    "gymnasium.envs.classic_control.cartpole:CartPoleEnv": False,
+    "gymnasium.envs.classic_control.acrobot:AcrobotEnv": False,
+    "gymnasium.envs.classic_control.mountain_car:MountainCarEnv": False,
+    "gymnasium.envs.classic_control.continuous_mountain_car:Continuous_MountainCarEnv": True,
+    "gymnasium.envs.classic_control.pendulum:PendulumEnv": True,
+    "gymnasium.envs.box2d.bipedal_walker:BipedalWalker": True,
+    "gymnasium.envs.box2d.lunar_lander:LunarLander": ("continuous", False),
+    "gymnasium.envs.box2d.car_racing:CarRacing": ("continuous", True),
+}
+"""gymnasium's own envs outside MuJoCo, by entry point: whether their actions are continuous (a Box), or the
+constructor keyword that says so and its default (``LunarLanderContinuous-v3`` registers ``continuous=True``;
+``--env-arg continuous=true`` does too). A test builds each to check."""
+
+
+def id_family(env_id: str, env_args: tuple[tuple[str, Any], ...] = ()) -> str | None:
+    """The preset family of ``env_id`` (see the module docstring) where the id tells it without building the
+    env: Atari and MinAtar ids, conveyor's own envs, gymnasium's MuJoCo envs and those of ``GYMNASIUM_CONTINUOUS``
+    (with ``env_args``); None for any other (``conveyor.envs.gym_api.env_family`` builds it to find out)."""
+    if is_atari_id(env_id):
+        return "atari"
+    if is_minatar_id(env_id):
+        return "minatar"
+    if env_id.startswith(OWN_ENVS_PREFIX):
+        return "classic-discrete"
+    if is_ref(env_id):
+        return None
+    import gymnasium as gym  # here: a config of an Atari or MinAtar id, or the preset tables, need none of it
+
+    spec = gym.registry.get(env_id)
+    entry = spec.entry_point if spec is not None else None
+    if not isinstance(entry, str):
+        return None
+    if entry.startswith("gymnasium.envs.mujoco."):
+        return "mujoco"
+    continuous = GYMNASIUM_CONTINUOUS.get(entry)
+    if isinstance(continuous, tuple):
+        keyword, default = continuous
+        continuous = {**spec.kwargs, **dict(env_args)}.get(keyword, default)
+    if continuous is None:
+        return None
+    return "classic-continuous" if continuous else "classic-discrete"
 SECTIONS = ("env", "model", "algo", "arch")
 
 
@@ -421,42 +472,6 @@ PRESET_FAMILY: dict[tuple[str, str], dict[str, Any]] = {
     },
 }
 
-_FAMILY_CACHE: dict[str, str] = {}
-
-
-def env_family(env_id: str, env_args: tuple[tuple[str, Any], ...] = ()) -> str:
-    """The preset family of ``env_id`` (see the module docstring). Other ids are built once (with ``env_args``)
-    to read their action space and entry point; the answer is cached per id. An unknown id raises the
-    ``ConfigError`` of ``conveyor.envs.make.gym_make``."""
-    if is_atari_id(env_id):
-        return "atari"
-    if is_minatar_id(env_id):
-        return "minatar"
-    if env_id not in _FAMILY_CACHE:
-        import gymnasium as gym
-
-        # Imported here: importing any conveyor.envs module first runs conveyor/envs/__init__.py, which
-        # imports conveyor.config, which imports this module (neither file below imports config itself).
-        from conveyor.envs.gym_api import entry_module, gym_make
-        from conveyor.envs.step_time import ENV_ID as STEP_TIME_ID
-
-        if env_id == STEP_TIME_ID:
-            _FAMILY_CACHE[env_id] = "classic-discrete"
-        else:
-            env = gym_make(env_id, dict(env_args))
-            try:
-                if "mujoco" in entry_module(env.spec).split("."):
-                    family = "mujoco"
-                elif isinstance(env.action_space, gym.spaces.Discrete):
-                    family = "classic-discrete"
-                else:
-                    family = "classic-continuous"
-            finally:
-                env.close()
-            _FAMILY_CACHE[env_id] = family
-    return _FAMILY_CACHE[env_id]
-
-
 def layers(preset: str, arch: str, algo: str, family: str) -> list[tuple[str, dict[str, Any]]]:
     """The table layers that apply to a run (``preset`` "" without ``--preset``) below the preset's fixed
     fields, most specific first, as (layer name, values)."""
@@ -486,8 +501,9 @@ def _given(cfg: Any) -> dict[str, Any]:
     return values
 
 
-def resolve(cfg: Any) -> Resolved:
-    """Fill every None preset field of ``cfg`` (a ``RunCfg`` under construction); see the module docstring."""
+def resolve(cfg: Any, family: str | None) -> Resolved:
+    """Fill every None preset field of ``cfg`` (a ``RunCfg`` under construction) from the tables of env family
+    ``family`` (see the module docstring); None, a family not known, is refused once a field needs it."""
     values = _given(cfg)
     sources: dict[str, str] = {}
     arch, algo_name = cfg.arch.name, cfg.algo.name
@@ -508,7 +524,10 @@ def resolve(cfg: Any) -> Resolved:
         algo_name, sources["algo.name"] = own_algo(arch), arch
     missing = [key for key, value in values.items() if value is None]
     if missing:
-        family = env_family(cfg.env.id, cfg.env.env_args)
+        if family is None:
+            raise ConfigError(f"the presets of env {cfg.env.id!r} depend on its family, which its id does not tell: "
+                              f"pass EnvCfg(family=...), one of {', '.join(FAMILIES)} (conveyor.envs.gym_api."
+                              f"env_family({cfg.env.id!r}) builds the env once to find it, as conveyor train does)")
         table = [(f"--preset {cfg.arch.preset}", forced), *layers(cfg.arch.preset, arch, algo_name, family)]
         for key in missing:
             sources[key], values[key] = next((name, layer[key]) for name, layer in table if key in layer)

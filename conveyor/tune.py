@@ -47,7 +47,7 @@ from conveyor.config import RunCfg
 from conveyor.errors import ConfigError
 from conveyor.flag_file import read_flag_file, write_flag_file
 from conveyor.hosts import usable_cpus
-from conveyor.presets import ARCH_ALGOS, env_family, own_algo
+from conveyor.presets import ARCH_ALGOS, own_algo
 from conveyor.procs import die_with_parent
 from conveyor.tune_space import Choice, Space, describe, read_space_file, space_for
 
@@ -109,7 +109,7 @@ def main(args: argparse.Namespace) -> int:
     else:
         fixed["target-return"] = math.inf  # every trial runs its whole budget: the value is where it ends
     base = build(fixed, "--config")
-    space = space_for(args.arch, algo, env_family(base.env.id, base.env.env_args))
+    space = space_for(args.arch, algo, base.env.family)
     if args.space:
         space = read_space_file(args.space, space, set(train_flag_types()))
     check_space(space, fixed, args.space or "the default space")

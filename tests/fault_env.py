@@ -34,6 +34,9 @@ import gymnasium as gym
 import numpy as np
 
 TAGGED_ID = "tests.fault_env:Tagged-v0"
+TAGGED_FAMILY = "classic-discrete"
+"""The preset family of the tagged env and of those built on it (Discrete actions), which a ``RunCfg`` of an env
+of one's own is given (``EnvCfg.family``)."""
 _SCALE = 65536.0
 
 

@@ -30,7 +30,7 @@ from conveyor.errors import WorkerFailure
 from conveyor.architectures.ga3c.threads import ThreadGroup
 from conveyor.architectures.ga3c.agents import AgentLink, AgentPool
 from conveyor.architectures.ga3c.queues import Channels
-from tests.fault_env import TAGGED_ID, BatchRecorder, check_transitions, children, kill_child, tags
+from tests.fault_env import TAGGED_FAMILY, TAGGED_ID, BatchRecorder, check_transitions, children, kill_child, tags
 from tests.test_ga3c import segment_schema
 
 torch.set_num_threads(1)
@@ -42,7 +42,8 @@ AGENT = "ga3c.agents"
 
 
 def tagged_cfg(tmp_path, *, agents: int, max_restarts: int = 10, total_steps: int = 1000) -> RunCfg:
-    return RunCfg(env=EnvCfg(id=TAGGED_ID, max_restarts=max_restarts), model=ModelCfg(hidden=(16,)),
+    return RunCfg(env=EnvCfg(id=TAGGED_ID, family=TAGGED_FAMILY, max_restarts=max_restarts),
+                  model=ModelCfg(hidden=(16,)),
                   algo=AlgoCfg(name="ga3c"), arch=ArchCfg(name="ga3c", num_agents=agents, min_train_batch=4, unroll=T),
                   total_steps=total_steps, target_return=float("inf"), torch_threads=1, progress=False,
                   log_interval_s=30.0, out=str(tmp_path / "run"))

@@ -8,13 +8,15 @@ import pytest
 import conveyor
 from conveyor.config import ArchCfg, EnvCfg, ModelCfg, RunCfg
 from conveyor.errors import WorkerFailure
-from tests.fault_env import TAGGED_ID, BatchRecorder, check_transitions, children, kill_child, train_killing_one
+from tests.fault_env import (TAGGED_FAMILY, TAGGED_ID, BatchRecorder, check_transitions, children, kill_child,
+                              train_killing_one)
 
 ALPHA, ENVS = 5, 4
 
 
 def tagged_cfg(tmp_path, max_restarts: int = 10, **overrides) -> RunCfg:
-    base = dict(env=EnvCfg(id=TAGGED_ID, num_envs=ENVS, num_workers=2, max_restarts=max_restarts),
+    base = dict(env=EnvCfg(id=TAGGED_ID, family=TAGGED_FAMILY, num_envs=ENVS, num_workers=2,
+                               max_restarts=max_restarts),
                 model=ModelCfg(hidden=(16,)), arch=ArchCfg(name="hts", num_actors=2, sync_interval=ALPHA),
                 total_steps=4000, torch_threads=1, progress=False, target_return=float("inf"), out=str(tmp_path))
     return RunCfg(**{**base, **overrides})

@@ -30,7 +30,8 @@ from conveyor.architectures.impact.collector import FATAL, SLOTS_PER_WORKER, poo
 from conveyor.architectures.impact.workers import Workers
 from conveyor.architectures.impact.params import ParamBlock
 from conveyor.storage.shm import SharedArrays
-from tests.fault_env import TAGGED_ID, BatchRecorder, TaggedEnv, check_transitions, children, gone_within, kill_child
+from tests.fault_env import (TAGGED_FAMILY, TAGGED_ID, BatchRecorder, TaggedEnv, check_transitions, children,
+                              gone_within, kill_child)
 
 torch.set_num_threads(1)
 
@@ -41,8 +42,8 @@ IMPACT_WORKER = "impact.collector"
 
 def tagged_cfg(tmp_path: Path, *, workers: int = W, max_restarts: int = 10, total_steps: int = 1200) -> RunCfg:
     # backend shm: each IMPACT worker steps its envs in an env worker of its own, which must not outlive it
-    return RunCfg(env=EnvCfg(id=TAGGED_ID, num_envs=workers * E, num_workers=workers, max_restarts=max_restarts,
-                             backend="shm"),
+    return RunCfg(env=EnvCfg(id=TAGGED_ID, family=TAGGED_FAMILY, num_envs=workers * E, num_workers=workers,
+                             max_restarts=max_restarts, backend="shm"),
                   model=ModelCfg(hidden=(16,)), algo=AlgoCfg(name="impact"),
                   arch=ArchCfg(name="impact", worker_batch=S, buffer_batches=2, replay_times=K),
                   total_steps=total_steps, target_return=float("inf"), torch_threads=1, progress=False,
@@ -162,7 +163,8 @@ def test_repeated_deaths_reuse_the_slots_until_max_restarts(monkeypatch):
     two lives; its fourth life must still get both slots (none leaked), deliver with the published weights
     while worker 0 delivers too, and, killed in turn mid-batch, stop with one line naming it and the fix.
     (Killing lives as they start keeps the test to one process start-up time on a loaded machine.)"""
-    cfg = RunCfg(env=EnvCfg(id=TAGGED_ID, num_envs=W * E, num_workers=W), model=ModelCfg(hidden=(8,)),
+    cfg = RunCfg(env=EnvCfg(id=TAGGED_ID, family=TAGGED_FAMILY, num_envs=W * E, num_workers=W),
+                 model=ModelCfg(hidden=(8,)),
                  algo=AlgoCfg(name="impact"), arch=ArchCfg(name="impact", worker_batch=S))
     spaces = (TaggedEnv().observation_space, TaggedEnv().action_space)
     model = make_model(cfg.model, *spaces)

@@ -10,13 +10,14 @@ import pytest
 import conveyor
 from conveyor.config import ArchCfg, EnvCfg, ModelCfg, RunCfg
 from conveyor.errors import WorkerFailure
-from tests.fault_env import TAGGED_ID, BatchRecorder, check_transitions, children, kill_child, train_killing_one
+from tests.fault_env import (TAGGED_FAMILY, TAGGED_ID, BatchRecorder, check_transitions, children, kill_child,
+                              train_killing_one)
 
 UNROLL, ENVS = 5, 4
 
 
 def tagged_cfg(tmp_path, **overrides) -> RunCfg:
-    base = dict(env=EnvCfg(id=TAGGED_ID, num_envs=ENVS, num_workers=2, backend="shm"),  # workers to kill
+    base = dict(env=EnvCfg(id=TAGGED_ID, family=TAGGED_FAMILY, num_envs=ENVS, num_workers=2, backend="shm"),  # to kill
                 arch=ArchCfg(name="paac", unroll=UNROLL),
                 total_steps=6000, torch_threads=1, progress=False, target_return=float("inf"), out=str(tmp_path))
     return RunCfg(**{**base, **overrides})
@@ -38,8 +39,8 @@ def test_killed_env_worker_is_restarted_and_only_its_lost_step_dropped(monkeypat
 
 def test_killed_env_worker_past_max_restarts_stops_the_run(monkeypatch, tmp_path):
     recorder = BatchRecorder(monkeypatch)
-    cfg = tagged_cfg(tmp_path, total_steps=10**9, env=EnvCfg(id=TAGGED_ID, num_envs=ENVS, num_workers=2,
-                                                             max_restarts=0, backend="shm"))
+    cfg = tagged_cfg(tmp_path, total_steps=10**9, env=EnvCfg(id=TAGGED_ID, family=TAGGED_FAMILY, num_envs=ENVS,
+                                                             num_workers=2, max_restarts=0, backend="shm"))
     kill_child("conveyor.envs.shm_worker", lambda: len(recorder.batches) >= 5)
     with pytest.raises(WorkerFailure, match=r"env worker \d .*died.*SIGKILL.*--max-restarts") as failure:
         conveyor.train(cfg)

@@ -24,7 +24,7 @@ from conveyor.architectures.seed import server as seed_server
 from conveyor.architectures.seed.batcher import Batcher, InferenceStats
 from conveyor.architectures.seed.inference import CentralInference
 from conveyor.architectures.seed.server import SeedServer, actor_env_seed
-from tests.fault_env import TAGGED_ID, BatchRecorder, check_transitions, children, kill_child
+from tests.fault_env import TAGGED_FAMILY, TAGGED_ID, BatchRecorder, check_transitions, children, kill_child
 from tests.test_seed import TOKEN, Client, EchoPolicy, env_steps, wait_until
 
 torch.set_num_threads(1)
@@ -143,7 +143,8 @@ def test_a_stalled_stream_costs_one_timeout_and_is_closed_at_the_idle_deadline(t
 
 def tagged_cfg(tmp_path, *, total_steps, local_actors=2, num_envs=ENVS, max_restarts=10, time_limit_s=300.0,
                timeout_ms=2.0):
-    return RunCfg(env=EnvCfg(id=TAGGED_ID, num_envs=num_envs, num_workers=1, max_restarts=max_restarts),
+    return RunCfg(env=EnvCfg(id=TAGGED_ID, family=TAGGED_FAMILY, num_envs=num_envs, num_workers=1,
+                             max_restarts=max_restarts),
                   model=ModelCfg(name="mlp", hidden=(16,)),
                   algo=AlgoCfg(name="vtrace", optimizer="adam", lr=1e-3),
                   arch=ArchCfg(name="seed", local_actors=local_actors, unroll=T, batch_size=B, inference_batch=32,

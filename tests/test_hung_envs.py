@@ -23,8 +23,8 @@ from conveyor.envs import make_vector_env
 from conveyor.envs import vector
 from conveyor.errors import WorkerDied, WorkerFailure
 from conveyor.procs import descendants
-from tests.fault_env import (HANGING_ID, TAGGED_ID, BatchRecorder, alive, check_transitions, children,
-                              kill_child)
+from tests.fault_env import (HANGING_ID, TAGGED_FAMILY, TAGGED_ID, BatchRecorder, alive, check_transitions,
+                              children, kill_child)
 
 VECTOR_TIMEOUT_S = 2.0
 RUN_TIMEOUT_S = 3.0
@@ -121,8 +121,8 @@ def run_cfg(arch: str, tmp_path: Path, env: EnvCfg, **overrides) -> RunCfg:
                                    inference_timeout_ms=2.0))),
     }
     env_fields, run_fields = shapes[arch]
-    base = dict(env=dataclasses.replace(env, **env_fields), model=ModelCfg(hidden=(16,)), total_steps=2000,
-                torch_threads=1, progress=False, target_return=float("inf"), log_interval_s=30.0,
+    base = dict(env=dataclasses.replace(env, family=TAGGED_FAMILY, **env_fields), model=ModelCfg(hidden=(16,)),
+                total_steps=2000, torch_threads=1, progress=False, target_return=float("inf"), log_interval_s=30.0,
                 out=str(tmp_path / "run"), **run_fields)
     return RunCfg(**{**base, **overrides})
 

@@ -101,7 +101,7 @@ def test_episode_statistics_report_returns():
 
 
 def test_family_preset_and_encoder():
-    assert presets.env_family(BREAKOUT) == "minatar" and presets.env_family("MinAtar/Seaquest-v0") == "minatar"
+    assert presets.id_family(BREAKOUT) == "minatar" and presets.id_family("MinAtar/Seaquest-v0") == "minatar"
     assert EnvCfg(id=BREAKOUT).is_minatar and not EnvCfg(id=BREAKOUT).is_atari
     cfg = config_from_args(build_parser().parse_args(["train", "--arch", "paac", "--env", BREAKOUT]))
     assert (cfg.model.name, cfg.preset_sources["model.name"]) == ("minatar_cnn", "minatar")

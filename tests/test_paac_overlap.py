@@ -22,7 +22,7 @@ from conveyor.envs import make_vector_env
 from conveyor.learner import Learner, load_latest_checkpoint
 from conveyor.models import make_model
 from conveyor.storage.rollout import RolloutStorage
-from tests.fault_env import TAGGED_ID, check_transitions, children, train_killing_one
+from tests.fault_env import TAGGED_FAMILY, TAGGED_ID, check_transitions, children, train_killing_one
 
 ENVS, WORKERS, UNROLL = 8, 2, 8
 
@@ -202,7 +202,8 @@ def test_a_resumed_run_with_groups_reaches_the_uninterrupted_ones_parameters(tmp
 
 @pytest.mark.slow
 def test_a_killed_worker_in_one_group_drops_that_step_of_its_envs_only(monkeypatch, tmp_path):
-    cfg = RunCfg(env=EnvCfg(id=TAGGED_ID, num_envs=4, num_workers=2), arch=ArchCfg(name="paac", unroll=5, env_groups=2),
+    cfg = RunCfg(env=EnvCfg(id=TAGGED_ID, family=TAGGED_FAMILY, num_envs=4, num_workers=2),
+                 arch=ArchCfg(name="paac", unroll=5, env_groups=2),
                  total_steps=3000, torch_threads=1, progress=False, target_return=float("inf"), out=str(tmp_path))
     summary, recorder = train_killing_one(monkeypatch, cfg, "conveyor.envs.shm_worker")
     assert summary["dropped_steps"] == 2  # the killed worker's 2 envs lose the step they were taking

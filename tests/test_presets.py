@@ -3,18 +3,29 @@
 import ast
 import dataclasses
 import inspect
+import json
 import subprocess
 import sys
 
+import gymnasium as gym
 import pytest
+from gymnasium.envs.classic_control.pendulum import PendulumEnv
 
 from conveyor import hosts, presets
 from conveyor.cli import build_parser, config_from_args, main
-from conveyor.config import ARCH_ALGOS, AlgoCfg, ArchCfg, ConfigError, EnvCfg, ModelCfg, RunCfg
+from conveyor.config import (ARCH_ALGOS, AlgoCfg, ArchCfg, ConfigError, EnvCfg, ModelCfg, RunCfg, check_resume,
+                             recorded_config)
+from conveyor.envs import MEMORY_ID, STEP_TIME_ID
+from conveyor.envs.gym_api import built_family, env_family
+from tests.fault_env import TAGGED_FAMILY, TAGGED_ID
 
 FAMILY_ENVS = {"classic-discrete": "CartPole-v1", "classic-continuous": "Pendulum-v1", "atari": "ALE/Pong-v5",
                "mujoco": "HalfCheetah-v5", "minatar": "MinAtar/Breakout-v1"}
 SECTION_TYPES = {"env": EnvCfg, "model": ModelCfg, "algo": AlgoCfg, "arch": ArchCfg}
+SWING_ID = "PresetsTest/Swing-v0"
+"""An env of one's own with continuous actions (Pendulum under another id, its entry point a class)."""
+if SWING_ID not in gym.registry:
+    gym.register(SWING_ID, entry_point=PendulumEnv, max_episode_steps=200)
 
 
 def preset_values(cfg):
@@ -23,18 +34,83 @@ def preset_values(cfg):
 
 
 def test_env_families():
-    assert [presets.env_family(env_id) for env_id in FAMILY_ENVS.values()] == list(FAMILY_ENVS)
-    assert presets.env_family("PongNoFrameskip-v4") == "atari"
-    assert presets.env_family("conveyor/StepTime-v0") == "classic-discrete"
+    assert [presets.id_family(env_id) for env_id in FAMILY_ENVS.values()] == list(FAMILY_ENVS)
+    assert [env_family(env_id) for env_id in FAMILY_ENVS.values()] == list(FAMILY_ENVS)
+    assert presets.id_family("PongNoFrameskip-v4") == "atari"
+    assert presets.id_family(STEP_TIME_ID) == presets.id_family(MEMORY_ID) == "classic-discrete"
+    assert presets.id_family("LunarLander-v3") == "classic-discrete"
+    assert presets.id_family("LunarLander-v3", (("continuous", True),)) == "classic-continuous"
+    assert presets.id_family("LunarLanderContinuous-v3") == "classic-continuous"
+    assert presets.id_family(TAGGED_ID) is None and env_family(TAGGED_ID) == TAGGED_FAMILY
+    assert presets.id_family(SWING_ID) is None and env_family(SWING_ID) == "classic-continuous"
+
+
+TOLD_BY_ID = sorted(env_id for env_id, spec in gym.registry.items()
+                    if spec.entry_point in presets.GYMNASIUM_CONTINUOUS or env_id.startswith(presets.OWN_ENVS_PREFIX))
+
+
+@pytest.mark.parametrize("env_id, env_args", [*((env_id, ()) for env_id in TOLD_BY_ID), ("HalfCheetah-v5", ()),
+                                              ("LunarLander-v3", (("continuous", True),)),
+                                              ("CarRacing-v3", (("continuous", False),))])
+def test_the_family_an_id_tells_is_the_built_envs(env_id, env_args):
+    """``id_family`` knows without a build what building the env shows (its action space, its entry point)."""
+    try:
+        built = built_family(env_id, env_args)
+    except ConfigError as error:  # Box2D or MuJoCo not installed here
+        pytest.skip(str(error))
+    assert presets.id_family(env_id, env_args) == built
+
+
+def test_a_config_builds_no_env_and_an_env_of_your_own_is_given_its_family(monkeypatch):
+    """RunCfg takes the family its id tells or the one it is given, never building an env; one of your own
+    without a family is refused in one line naming the fix, unless every preset field is given (an old
+    config.json); the CLI, above the env layer, builds it once to find its family."""
+    cartpole = RunCfg(env=EnvCfg(id="CartPole-v1"))
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("a config built an env")
+
+    monkeypatch.setattr(gym, "make", no_build)
+    assert {family: RunCfg(env=EnvCfg(id=env_id)).env.family for family, env_id in FAMILY_ENVS.items()} == {
+        family: family for family in FAMILY_ENVS}
+    tagged = RunCfg(env=EnvCfg(id=TAGGED_ID, family=TAGGED_FAMILY))
+    assert preset_values(tagged) == preset_values(cartpole) and tagged.preset_sources == cartpole.preset_sources
+    with pytest.raises(ConfigError, match=r"depend on its family.*pass EnvCfg\(family=\.\.\.\)") as refused:
+        RunCfg(env=EnvCfg(id=TAGGED_ID))
+    assert "\n" not in str(refused.value)
+    recorded = tagged.to_dict()
+    del recorded["env"]["family"]
+    assert preset_values(RunCfg.from_dict(recorded)) == preset_values(tagged)
+    with pytest.raises(ConfigError, match="env 'CartPole-v1' is of family classic-discrete, not atari"):
+        RunCfg(env=EnvCfg(id="CartPole-v1", family="atari"))
+    with pytest.raises(ConfigError, match="unknown env family 'discrete'"):
+        EnvCfg(family="discrete")
+    monkeypatch.undo()
+    for env_id, family in ((TAGGED_ID, TAGGED_FAMILY), (SWING_ID, "classic-continuous")):
+        cfg = config_from_args(build_parser().parse_args(["train", "--env", env_id]))
+        assert (cfg.env.family, cfg.algo.lr) == (family, RunCfg(env=EnvCfg(id=env_id, family=family)).algo.lr)
+
+
+def test_a_run_recorded_before_the_family_field_resumes(tmp_path):
+    """A config.json without ``env.family`` (an env of your own, every preset value recorded) resumes: nothing
+    builds the env to find a family that no preset field needs, and the resume check passes."""
+    run = tmp_path / "run"
+    run.mkdir()
+    recorded = RunCfg(env=EnvCfg(id=TAGGED_ID, family=TAGGED_FAMILY), out=str(run)).to_dict()
+    del recorded["env"]["family"]
+    (run / "config.json").write_text(json.dumps(recorded))
+    cfg = config_from_args(build_parser().parse_args(["train", "--resume", str(run), "--total-steps", "9"]))
+    assert cfg.env.family is None and cfg.total_steps == 9
+    check_resume(recorded_config(run), cfg)
 
 
 def test_preset_fields_are_exactly_the_fields_that_default_to_none():
     """BASE names every preset field once; every other field has a concrete default (target_return's None is
-    a value of its own: the env's reward threshold)."""
+    a value of its own: the env's reward threshold), or one the env fills (env.family: the tables' key)."""
     none_fields = {f.name for f in dataclasses.fields(RunCfg) if f.default is None} - {"target_return"}
     for section, cls in SECTION_TYPES.items():
         none_fields |= {f"{section}.{f.name}" for f in dataclasses.fields(cls) if f.default is None}
-    assert none_fields == set(presets.BASE) | {"algo.name"}
+    assert none_fields == set(presets.BASE) | {"algo.name", "env.family"}
 
 
 @pytest.mark.parametrize("family", presets.FAMILIES)

@@ -102,7 +102,7 @@ DISCRETE_ONLY_ALGOS = ("ga3c", "r2d2", "dqn")
 
 # ---- the suite -----------------------------------------------------------------------------------------
 def is_continuous(env_id: str) -> bool:
-    from conveyor.presets import env_family
+    from conveyor.envs.gym_api import env_family
 
     return env_family(env_id) in ("classic-continuous", "mujoco")
 

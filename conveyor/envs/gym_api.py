@@ -1,5 +1,7 @@
 """What every env maker here (``make``, ``atari``) shares with gymnasium: ``gym_make``, ``registered_spec``, and
-the info keys through which our envs report finished episodes and continued games.
+the info keys through which our envs report finished episodes and continued games; and ``env_family``, the preset
+family of any id, for what builds configs above the env layer (a config builds no env: ``conveyor train`` passes it
+in as ``EnvCfg.family``, and so may a Python caller, ``EnvCfg(id=ID, family=env_family(ID))``).
 
 Env ids: any id gymnasium knows; ``MODULE:ID`` first imports ``MODULE`` (which registers ``ID``) through
 ``conveyor.imports``, so a failing import is one line in every process that builds the env; an id whose
@@ -19,6 +21,7 @@ from gymnasium.envs.registration import parse_env_id
 
 from conveyor.errors import ConfigError
 from conveyor.imports import import_module
+from conveyor.presets import id_family
 
 EPISODE_KEY = "episode"
 """Info key of a finished real episode's statistics (``r`` return, ``l`` length)."""
@@ -141,3 +144,33 @@ def gym_make(env_id: str, kwargs: dict[str, Any], **make_kwargs: Any) -> gym.Env
         if "unexpected keyword argument" not in str(exc):
             raise
         raise ConfigError(f"env {env_id!r} rejects env_args {sorted(kwargs)}: {exc}") from None
+
+
+_built_families: dict[tuple[str, str], str] = {}
+"""``built_family``'s answers, per id and ``repr`` of its env_args: one build each per process."""
+
+
+def env_family(env_id: str, env_args: tuple[tuple[str, Any], ...] = ()) -> str:
+    """The preset family of ``env_id`` (``presets.py``'s module docstring): ``id_family``'s where the id tells it,
+    else ``built_family``'s."""
+    return id_family(env_id, env_args) or built_family(env_id, env_args)
+
+
+def built_family(env_id: str, env_args: tuple[tuple[str, Any], ...] = ()) -> str:
+    """The preset family of ``env_id`` read off the env built once with ``env_args``: ``mujoco`` when its entry
+    point lives in a ``mujoco`` module, else ``classic-discrete`` or ``classic-continuous`` by its action space.
+    An unknown id raises the ``ConfigError`` of ``gym_make``."""
+    key = (env_id, repr(env_args))
+    if key not in _built_families:
+        env = gym_make(env_id, dict(env_args))
+        try:
+            if "mujoco" in entry_module(env.spec).split("."):
+                family = "mujoco"
+            elif isinstance(env.action_space, gym.spaces.Discrete):
+                family = "classic-discrete"
+            else:
+                family = "classic-continuous"
+        finally:
+            env.close()
+        _built_families[key] = family
+    return _built_families[key]
