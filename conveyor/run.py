@@ -35,7 +35,7 @@ from torch import nn
 from conveyor import algos, presets
 from conveyor.config import ENV_BACKEND_CHOICE, RunCfg, check_resume, recorded_config
 from conveyor.envs.inproc import BackendChoice, choose_backend
-from conveyor.envs.native_vector import is_native_state
+from conveyor.envs.native_vector import check_env_state, is_native_state
 from conveyor.errors import ConfigError, StoppedWhileStarting, WorkerFailure
 from conveyor.files import lock_run_dir, open_append, write_text_atomic
 from conveyor.learner import Learner, LossFn, checkpoint_name, load_latest_checkpoint
@@ -147,6 +147,8 @@ class Run:
             self._recorded_cfg = recorded_config(cfg.resume)
             check_resume(self._recorded_cfg, cfg)
         cfg, self.env_backend = resolve_env_backend(cfg, self.resume_state.get("env_state"))
+        if cfg.arch.name == "paac":  # make_vector_env rebuilds its envs from the checkpoint: check before writing
+            check_env_state(cfg.env.backend, self.resume_state.get("env_state"))
         self.cfg = cfg
         """Whether this process writes the run directory (under torchrun, rank 0 alone)."""
         self.env_cfg = cfg.env if self.dist is None else self.dist.env_cfg(cfg.env)

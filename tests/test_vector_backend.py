@@ -224,5 +224,7 @@ def test_paac_on_the_vector_backend_resumes_to_the_same_parameters(tmp_path):
     assert resumed["param_sha256"] == whole["param_sha256"]
     inproc = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, backend="inproc"),
                                  out=str(tmp_path / "split"), resume=str(tmp_path / "split"), total_steps=4_000)
+    before = {path: path.read_bytes() for path in sorted((tmp_path / "split").rglob("*")) if path.is_file()}
     with pytest.raises(ConfigError, match="resume with --env-backend vector"):
         conveyor.train(inproc)
+    assert {path: path.read_bytes() for path in sorted((tmp_path / "split").rglob("*")) if path.is_file()} == before

@@ -283,7 +283,7 @@ def measure_native_step_us(cfg: EnvCfg, seed: int, *, rounds: int = 5, steps: in
     of ``steps`` steps on actions drawn beforehand, after one round of warm-up."""
     with NativeVectorEnv(cfg, seed, copy=False) as venv:
         venv.reset()
-        actions = np.random.default_rng(seed).integers(0, 2, (steps, venv.num_envs))
+        actions = np.random.default_rng(seed).integers(0, venv.single_action_space.n, (steps, venv.num_envs))
         best = np.inf
         for round_ in range(rounds + 1):
             start = time.perf_counter()

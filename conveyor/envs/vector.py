@@ -102,9 +102,9 @@ def make_vector_env(cfg: EnvCfg, seed: int, *, gamma: float | None = None, copy:
     ``ShmVectorEnv`` (worker processes only). Call ``close()`` (or use ``with``) when done; it also runs
     at interpreter exit.
     """
-    backend = cfg.backend if cfg.backend != "auto" else choose_backend(cfg, seed,
-                                                                        native=env_state is None or
-                                                                        is_native_state(env_state)).backend
+    backend = cfg.backend
+    if backend == "auto":  # a checkpoint's action history: only inproc and shm replay it
+        backend = choose_backend(cfg, seed, native=env_state is None or is_native_state(env_state)).backend
     if backend == "vector":
         return NativeVectorEnv(cfg, seed, copy=copy, env_state=env_state, env_offset=env_offset)
     check_env_state(backend, env_state)
