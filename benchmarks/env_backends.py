@@ -1,14 +1,16 @@
-"""The env backends side by side: PAAC A2C's training SPS with ``--env-backend shm`` and ``inproc`` per env,
-and what ``auto`` picks there.
+"""The env backends side by side: PAAC A2C's training SPS with ``--env-backend shm``, ``inproc`` and ``vector``
+(``--backends``; ``vector`` only on envs with a native vector env, CartPole) per env, and what ``auto`` picks.
 
-Each env trains paac/a2c with its presets (16 envs on 2 env workers for the classic and MinAtar families)
-alternately on each backend (shm, inproc, shm, inproc, ...), so that machine noise hits both; each run lasts
+Each env trains paac/a2c with its presets (its envs and env workers)
+alternately on each backend (shm, inproc, vector, shm, ...), so that machine noise hits all; each run lasts
 ``--seconds`` of wall time, and SPS counts env steps over the training loop's time (the time split: start-up
-excluded). Beside the medians and the ratio inproc / shm stand the one-env step time that ``auto`` measures
-(``conveyor.envs.inproc.measure_step_us``) and its choice, so the rule's constant (``SHM_STEP_OVERHEAD_US``) can
-be held against the crossover. Rows go to ``--out`` (CSV) with the machine, the load and the date.
+excluded). Beside the medians and their ratios over shm stand the step time that ``auto`` measures
+(``conveyor.envs.inproc.choose_backend``: one env's, or a native vector env's per env) and its choice, so the
+rule's constant (``INPROC_MAX_STEP_US``) can be held against the crossover. Rows go to ``--out`` (CSV) with the
+machine, the load and the date.
 
     .venv/bin/python benchmarks/env_backends.py --seconds 15 --repeats 2
+    .venv/bin/python benchmarks/env_backends.py --envs CartPole-v1 --backends inproc vector
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from pathlib import Path
 import conveyor
 from conveyor.config import AlgoCfg, ArchCfg, EnvCfg, RunCfg
 from conveyor.envs.inproc import choose_backend
+from conveyor.envs.native_vector import native_vector_refusal
 
+BACKENDS = ("shm", "inproc", "vector")
 ENVS = ("CartPole-v1", "Acrobot-v1", "MountainCar-v0", "Pendulum-v1", "MinAtar/Breakout-v1",
         "MinAtar/SpaceInvaders-v1")
 
@@ -48,20 +52,24 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=15.0, help="wall time of each run")
     parser.add_argument("--repeats", type=int, default=2, help="runs per backend and env")
     parser.add_argument("--envs", nargs="+", default=list(ENVS))
+    parser.add_argument("--backends", nargs="+", default=["shm", "inproc", "vector"], choices=BACKENDS)
     parser.add_argument("--out", default="benchmarks/results/env_backends.csv")
     args = parser.parse_args()
     rows = []
     for env_id in args.envs:
-        sps: dict[str, list[float]] = {"shm": [], "inproc": []}
+        resolved = config(env_id, "auto", args.seconds, 0, "")
+        sps: dict[str, list[float]] = {backend: [] for backend in args.backends
+                                       if backend != "vector" or not native_vector_refusal(resolved.env)}
         for repeat in range(args.repeats):
             for backend in sps:
                 sps[backend].append(measure(env_id, backend, args.seconds, seed=repeat))
-        resolved = config(env_id, "auto", args.seconds, 0, "")
         choice = choose_backend(resolved.env, 0)
-        shm, inproc = statistics.median(sps["shm"]), statistics.median(sps["inproc"])
+        medians = {backend: statistics.median(values) for backend, values in sps.items()}
         row = {"env": env_id, "num_envs": resolved.env.num_envs, "num_workers": resolved.env.num_workers,
-               "shm_sps": round(shm), "inproc_sps": round(inproc), "inproc_over_shm": round(inproc / shm, 2),
-               "step_us": round(choice.step_us, 1), "auto": choice.backend,
+               **{f"{backend}_sps": round(medians[backend]) if backend in medians else "" for backend in BACKENDS},
+               **{f"{backend}_over_shm": round(medians[backend] / medians["shm"], 2)
+                  if backend in medians and "shm" in medians else "" for backend in BACKENDS[1:]},
+               "step_us": round(choice.step_us, 2), "auto": choice.backend,
                "runs": " ".join(f"{b}:{round(v)}" for b, values in sps.items() for v in values)}
         rows.append(row)
         print(row, flush=True)

@@ -43,7 +43,7 @@ first, the default of --algo; ``SharedFields.check_in_run`` refuses a pair outsi
 ALGOS = ("a2c", "ppo", "vtrace", "impact", "r2d2", "ga3c")
 MODELS = ("auto", "mlp", "nips_cnn", "nature_cnn", "impala_resnet", "minatar_cnn")
 WEIGHT_INITS = ("orthogonal", "torch")
-ENV_BACKENDS = ("auto", "shm", "inproc", "envpool")
+ENV_BACKENDS = ("auto", "shm", "inproc", "envpool", "vector")
 ENV_BACKEND_CHOICE = "env_backend_choice"
 """config.json's record of what ``--env-backend auto`` chose at the run's start (backend, measured step time in
 microseconds, reason); not a field."""
@@ -220,8 +220,10 @@ class EnvCfg:
     backend: str = "auto"
     """Vectorized stepping backend: ``shm`` (worker processes over shared memory), ``inproc`` (the envs one after
     another in the process that acts: no round trip, for envs that step in microseconds), ``envpool`` (C++
-    threads), or ``auto``: ``inproc`` or ``shm`` from the env's step time measured at the start of the run (the
-    choice is printed and recorded in config.json; ``--env-groups`` > 1 needs ``shm``)."""
+    threads), ``vector`` (gymnasium's own vectorized env, CartPole's: all envs in a few numpy operations in the
+    process that acts; no normalize_reward, only the vector env's own env_args), or ``auto``: ``vector`` where
+    the env has one and the config allows it, else ``inproc`` or ``shm`` from the env's step time measured at the
+    start of the run (the choice is printed and recorded in config.json; ``--env-groups`` > 1 needs ``shm``)."""
     env_args: tuple[tuple[str, Any], ...] = ()
     """Keyword arguments passed to the env constructor (``--env-arg KEY=VALUE``)."""
     frame_stack: int = 4
@@ -258,7 +260,7 @@ class EnvCfg:
                               "steps after which an episode is cut off): pass e.g. max_episode_steps=500")
         _choice("env backend", self.backend, ENV_BACKENDS)
         _choice("env family", self.family, FAMILIES)
-        if self.normalize_reward and self.backend == "envpool":
+        if self.normalize_reward and self.backend in ("envpool", "vector"):
             raise ConfigError("normalize_reward runs in conveyor's own env loop: use --env-backend shm, inproc or "
                               "auto, or drop --normalize-reward")
         if self.num_envs is not None and self.num_workers is not None and self.num_envs % self.num_workers:

@@ -35,6 +35,7 @@ from torch import nn
 from conveyor import algos, presets
 from conveyor.config import ENV_BACKEND_CHOICE, RunCfg, check_resume, recorded_config
 from conveyor.envs.inproc import BackendChoice, choose_backend
+from conveyor.envs.native_vector import check_env_state, is_native_state
 from conveyor.errors import ConfigError, StoppedWhileStarting, WorkerFailure
 from conveyor.files import lock_run_dir, open_append, write_text_atomic
 from conveyor.learner import Learner, LossFn, checkpoint_name, load_latest_checkpoint
@@ -105,15 +106,17 @@ def resolve_target_return(cfg: RunCfg) -> float | None:
     return spec.reward_threshold if spec is not None else None
 
 
-def resolve_env_backend(cfg: RunCfg) -> tuple[RunCfg, BackendChoice | None]:
-    """``cfg`` with ``--env-backend auto`` made ``inproc`` or ``shm`` (``choose_backend``: from the env's step
-    time, measured here once for the whole run), and the choice; a backend given explicitly stays, with None."""
+def resolve_env_backend(cfg: RunCfg, env_state: Any = None) -> tuple[RunCfg, BackendChoice | None]:
+    """``cfg`` with ``--env-backend auto`` made ``vector``, ``inproc`` or ``shm`` (``choose_backend``: the env's
+    native vector env, else from the env's step time, measured here once for the whole run), and the choice; a
+    backend given explicitly stays, with None. ``env_state``: a resumed run's, whose kind ``vector`` alone loads
+    (an action history: ``inproc`` or ``shm``)."""
     if cfg.env.backend != "auto":
         return cfg, None
     if cfg.arch.name == "paac" and cfg.arch.env_groups > 1:
         choice = BackendChoice("shm", math.nan, f"--env-groups {cfg.arch.env_groups} steps groups of worker processes")
     else:
-        choice = choose_backend(cfg.env, cfg.seed)
+        choice = choose_backend(cfg.env, cfg.seed, native=env_state is None or is_native_state(env_state))
     return dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, backend=choice.backend)), choice
 
 
@@ -143,7 +146,9 @@ class Run:
             self._check_world_size()
             self._recorded_cfg = recorded_config(cfg.resume)
             check_resume(self._recorded_cfg, cfg)
-        cfg, self.env_backend = resolve_env_backend(cfg)
+        cfg, self.env_backend = resolve_env_backend(cfg, self.resume_state.get("env_state"))
+        if cfg.arch.name == "paac":  # make_vector_env rebuilds its envs from the checkpoint: check before writing
+            check_env_state(cfg.env.backend, self.resume_state.get("env_state"))
         self.cfg = cfg
         """Whether this process writes the run directory (under torchrun, rank 0 alone)."""
         self.env_cfg = cfg.env if self.dist is None else self.dist.env_cfg(cfg.env)

@@ -144,7 +144,7 @@ def test_flags_map_to_config_fields():
 def test_the_env_backend_flag_and_its_alias(flag):
     assert config_from_args(build_parser().parse_args(["train", flag, "inproc"])).env.backend == "inproc"
     assert config_from_args(build_parser().parse_args(["train"])).env.backend == "auto"
-    with pytest.raises(ConfigError, match="unknown env backend 'nope': choose one of auto, shm, inproc, envpool"):
+    with pytest.raises(ConfigError, match="unknown env backend 'nope': choose one of auto, shm, inproc, envpool, vector"):
         config_from_args(build_parser().parse_args(["train", flag, "nope"]))
 
 

@@ -62,13 +62,14 @@ def test_paac_reaches_the_same_parameters_on_either_own_backend(tmp_path):
 
 
 def test_auto_backend_is_resolved_at_start_and_recorded_in_config_json(tmp_path):
-    conveyor.train(paac_cfg(tmp_path, env=EnvCfg(id="CartPole-v1", num_envs=4, num_workers=1), total_steps=200))
+    # MountainCar: no native vector env (CartPole's auto picks one: tests/test_vector_backend.py)
+    conveyor.train(paac_cfg(tmp_path, env=EnvCfg(id="MountainCar-v0", num_envs=4, num_workers=1), total_steps=200))
     recorded = json.loads((tmp_path / "run" / "config.json").read_text())
     assert recorded["env"]["backend"] == "inproc"  # one worker saves nothing: the envs step in process
     choice = recorded["env_backend_choice"]
     assert choice["backend"] == "inproc" and choice["step_us"] > 0 and "us" in choice["reason"]
     assert conveyor.RunCfg.from_dict(recorded).env.backend == "inproc"  # the record is not a field
-    explicit = paac_cfg(tmp_path, env=EnvCfg(id="CartPole-v1", num_envs=4, num_workers=1, backend="shm"),
+    explicit = paac_cfg(tmp_path, env=EnvCfg(id="MountainCar-v0", num_envs=4, num_workers=1, backend="shm"),
                         total_steps=200, out=str(tmp_path / "shm"))
     conveyor.train(explicit)
     recorded = json.loads((tmp_path / "shm" / "config.json").read_text())

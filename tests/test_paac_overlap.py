@@ -30,7 +30,7 @@ ENVS, WORKERS, UNROLL = 8, 2, 8
 def cfg_for(tmp_path, groups: int, algo: str = "a2c", total_steps: int = 1600, **overrides) -> RunCfg:
     # A2C at lr 2e-3 (the 16-env rate): with the 64-env preset's 6e-3 the groups' rounding grows into another
     # sampled action within 1600 steps
-    base = dict(env=EnvCfg(id="CartPole-v1", num_envs=ENVS, num_workers=WORKERS),
+    base = dict(env=EnvCfg(id="CartPole-v1", num_envs=ENVS, num_workers=WORKERS, backend="shm"),  # auto: vector
                 algo=AlgoCfg(name=algo, lr=2e-3 if algo == "a2c" else None),
                 arch=ArchCfg(name="paac", unroll=UNROLL, env_groups=groups), total_steps=total_steps, seed=3,
                 torch_threads=1, progress=False, target_return=float("inf"), out=str(tmp_path / f"{algo}-{groups}"))

@@ -25,7 +25,7 @@ from conveyor.run import Run
 from tests.test_distributed import TORCHRUN, TORCHRUN_ENV
 
 TINY_RUN = ["--num-envs", "4", "--num-workers", "1", "--unroll", "5", "--torch-threads", "1", "--no-progress",
-            "--target-return", "inf", "--hidden", "16"]
+            "--target-return", "inf", "--hidden", "16", "--env-backend", "inproc"]  # resumes on shm (auto: vector)
 
 
 def snapshot(directory: Path) -> dict[str, bytes]:
@@ -85,7 +85,7 @@ def test_a_python_resume_is_held_to_the_same_rule(run_copy):
 
 def test_allowed_changes_run_and_a_new_lr_reaches_the_optimizer(run_copy):
     assert main(["train", "--resume", str(run_copy), "--total-steps", "120", "--lr", "0.0005", "--num-workers", "2",
-                 "--env-backend", "inproc", "--log-interval-s", "1", "--keep-checkpoints", "3"]) == 0
+                 "--env-backend", "shm", "--log-interval-s", "1", "--keep-checkpoints", "3"]) == 0
     path, state = load_latest_checkpoint(run_copy)
     assert path.name == "ckpt-000000000120.pt"
     assert [group["lr"] for group in state["optimizer"]["param_groups"]] == [0.0005]

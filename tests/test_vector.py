@@ -397,7 +397,7 @@ def test_timing_an_env_keeps_a_timer_set_before_it():
     previous = signal.signal(signal.SIGALRM, lambda signum, frame: fired.append(signum))
     try:
         signal.setitimer(signal.ITIMER_REAL, 600)
-        choose_backend(EnvCfg(id="CartPole-v1", num_envs=4, num_workers=2), 0)
+        choose_backend(EnvCfg(id="MountainCar-v0", num_envs=4, num_workers=2), 0)  # timed: no native vector env
         left, _ = signal.getitimer(signal.ITIMER_REAL)
         assert 500 < left <= 600 and signal.getsignal(signal.SIGALRM) is not None and not fired
     finally:

@@ -9,7 +9,8 @@
 - ``conveyor/Memory-v0`` (registered on import): remember a cue across a
   delay; feed-forward policies cannot (``conveyor.envs.memory``).
 - ``make_vector_env(cfg, seed)``: ``cfg.num_envs`` envs stepped together by
-  shared-memory worker processes (``shm``) or envpool; ``step`` returns a
+  shared-memory worker processes (``shm``), in the calling process (``inproc``;
+  ``vector``: gymnasium's own vectorized env) or envpool; ``step`` returns a
   ``StepResult`` with auto-reset, ``final_obs`` and per-episode returns.
 """
 

@@ -33,6 +33,7 @@ import numpy as np
 from conveyor.config import EnvCfg
 from conveyor.envs.history import EnvHistory
 from conveyor.envs.make import env_spaces, make_env
+from conveyor.envs.native_vector import measure_native_step_us, native_entry_point, native_vector_refusal
 from conveyor.envs.shm_worker import (
     REPLY_ENV_ERROR,
     EnvRaised,
@@ -232,11 +233,18 @@ class BackendChoice(NamedTuple):
     reason: str
 
 
-def choose_backend(cfg: EnvCfg, seed: int) -> BackendChoice:
-    """``inproc`` where one env steps in at most ``INPROC_MAX_STEP_US`` (``measure_step_us``), or where the envs
+def choose_backend(cfg: EnvCfg, seed: int, *, native: bool = True) -> BackendChoice:
+    """``vector`` where the env has a native vector env that can run ``cfg`` (``native_vector_refusal``) and
+    ``native`` (false: a resumed run's envs are an action history, which only ``inproc`` and ``shm`` replay);
+    else ``inproc`` where one env steps in at most ``INPROC_MAX_STEP_US`` (``measure_step_us``), or where the envs
     would have a single worker process (nothing to step in parallel); else ``shm``. An env that breaks the
     gymnasium API is refused first, in one line (``env_spaces``), as at any run's start."""
     env_spaces(cfg, seed)
+    if native and not native_vector_refusal(cfg):
+        step_us = measure_native_step_us(cfg, seed)
+        name = native_entry_point(cfg).rpartition(":")[2]
+        return BackendChoice("vector", step_us, f"gymnasium's native vector env {name} steps all {cfg.num_envs} "
+                                                f"envs at once, {step_us:.2f} us per env: in this process")
     step_us = measure_step_us(cfg, seed)
     if math.isinf(step_us):  # recorded as the bound: config.json stays plain JSON
         return BackendChoice("shm", MEASURE_LIMIT_S * 1e6, f"timing one env took over {MEASURE_LIMIT_S:g} s (a step "

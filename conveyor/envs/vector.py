@@ -62,6 +62,7 @@ from conveyor.envs.envpool_backend import EnvpoolVectorEnv
 from conveyor.envs.history import EnvHistory
 from conveyor.envs.inproc import InProcessVectorEnv, choose_backend
 from conveyor.envs.make import env_spaces
+from conveyor.envs.native_vector import NativeVectorEnv, check_env_state, is_native_state
 from conveyor.envs.shm_worker import (
     CMD_CLOSE,
     CMD_RESET,
@@ -86,8 +87,9 @@ def make_vector_env(cfg: EnvCfg, seed: int, *, gamma: float | None = None, copy:
                     restart_workers: bool = False, env_state: dict[str, Any] | None = None,
                     stop: Callable[[], bool] | None = None, env_offset: int = 0) -> VectorEnv:
     """``cfg.num_envs`` envs stepped together by ``cfg.backend``: ``shm`` (worker processes), ``inproc`` (this
-    process, ``conveyor.envs.inproc``), ``envpool``, or ``auto``, which picks ``inproc`` or ``shm`` from the
-    env's measured step time (``choose_backend``; a run resolves it once at its start and records the choice).
+    process, ``conveyor.envs.inproc``), ``envpool``, ``vector`` (gymnasium's own vector env, this process,
+    ``conveyor.envs.native_vector``), or ``auto``, which picks ``vector`` where it can, else ``inproc`` or ``shm``
+    from the env's measured step time (``choose_backend``; a run resolves it once at its start and records it).
 
     Env i is seeded with ``seed + env_offset + i`` (``env_offset``: its global index is that, when the envs
     are a data-parallel rank's share of a run's). ``step`` returns a ``StepResult``. With
@@ -95,11 +97,17 @@ def make_vector_env(cfg: EnvCfg, seed: int, *, gamma: float | None = None, copy:
     the next ``reset``/``step`` overwrites: use it when the caller copies
     the data out at once, to avoid allocating every step. ``gamma`` is the
     run's discount, which ``cfg.normalize_reward`` needs (``make_env``).
-    ``env_state`` rebuilds a run's envs (``shm`` and ``inproc``); ``restart_workers`` and ``stop``: see
+    ``env_state`` rebuilds a run's envs (``shm`` and ``inproc`` from an ``EnvHistory``'s state, ``vector`` from
+    its own: ``check_env_state`` refuses the other kind in one line); ``restart_workers`` and ``stop``: see
     ``ShmVectorEnv`` (worker processes only). Call ``close()`` (or use ``with``) when done; it also runs
     at interpreter exit.
     """
-    backend = cfg.backend if cfg.backend != "auto" else choose_backend(cfg, seed).backend
+    backend = cfg.backend
+    if backend == "auto":  # a checkpoint's action history: only inproc and shm replay it
+        backend = choose_backend(cfg, seed, native=env_state is None or is_native_state(env_state)).backend
+    if backend == "vector":
+        return NativeVectorEnv(cfg, seed, copy=copy, env_state=env_state, env_offset=env_offset)
+    check_env_state(backend, env_state)
     if backend == "envpool":
         if env_state is not None:
             raise ConfigError("the envpool backend cannot rebuild its envs from a checkpoint: resume with "

@@ -1,6 +1,6 @@
 """What every vector env backend (``conveyor.envs.vector.ShmVectorEnv``, ``conveyor.envs.inproc``,
-``conveyor.envs.envpool_backend``) returns, offers and raises: ``StepResult``, the ``VectorEnv`` protocol,
-``ObsShapeError``."""
+``conveyor.envs.envpool_backend``, ``conveyor.envs.native_vector``) returns, offers and raises: ``StepResult``,
+the ``VectorEnv`` protocol, ``ObsShapeError``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from typing import Any, NamedTuple, Protocol
 import gymnasium as gym
 import numpy as np
 
-from conveyor.envs.history import EnvHistory
 from conveyor.errors import WorkerFailure
 
 
@@ -47,16 +46,24 @@ class StepResult(NamedTuple):
 
 
 
+class EnvRecord(Protocol):
+    """What a checkpoint keeps of a vector env's envs to rebuild them (``EnvHistory``, ``NativeEnvRecord``)."""
+
+    def state(self) -> dict[str, Any]: ...
+
+
 class VectorEnv(Protocol):
-    """What every backend offers (``ShmVectorEnv``, ``InProcessVectorEnv``, ``EnvpoolVectorEnv``)."""
+    """What every backend offers (``ShmVectorEnv``, ``InProcessVectorEnv``, ``EnvpoolVectorEnv``,
+    ``NativeVectorEnv``)."""
 
     num_envs: int
     single_observation_space: gym.Space
     single_action_space: gym.Space
     restarts: int
     """Dead workers replaced so far."""
-    history: EnvHistory | None
-    """How to rebuild every env (None when the backend cannot)."""
+    history: EnvRecord | None
+    """How to rebuild every env: ``history.state()`` is a checkpoint's ``env_state`` (None when the backend
+    cannot)."""
 
     def reset(self) -> np.ndarray: ...
 

@@ -1,0 +1,294 @@
+"""The ``vector`` backend: gymnasium's own vectorized env (a registry spec's ``vector_entry_point``) stepped in the
+process that acts.
+
+``CartPoleVectorEnv`` (CartPole-v0 and -v1) steps all its envs in a few numpy operations, where ``inproc`` steps
+one Python env after another (``EnvWorker``): on the default job (64 envs) a step of all of them costs about as
+much as two of ``inproc``'s single env steps. ``NATIVE_VECTOR_ENVS`` lists the vector envs conveyor knows how to
+step; the others (the phys2d Jax ones among them) take ``inproc`` or ``shm``.
+
+Auto-reset: gymnasium's vector env resets a finished env at its *next* step (``AutoresetMode.NEXT_STEP``), which
+returns the first observation with reward 0 and ignores that step's action. conveyor's storage expects the
+reset in the same step (``StepResult``): right after each step, the finished envs are reset here, in place,
+the way the env's own next step would have reset them (its ``np_random`` draws each new state uniformly in
+``[low, high]``, the same draws in the same order; its step counters restart), and ``prev_done`` is cleared, so
+the env's next step resets nothing and wastes no action. ``final_obs`` holds the finished episodes' last
+observations; episode returns (the sum of the rewards) and lengths are counted here. gymnasium is pinned:
+``tests/test_vector_backend.py`` holds the adapter against gymnasium's single ``CartPoleEnv`` and against the
+vector env's own auto-reset, so a changed env fails there.
+
+Seeds: the vector env takes one seed; it is ``seed + env_offset`` (the run's seed plus the global index of env 0
+here: a data-parallel rank's share), given at the first ``reset``. Episodes then follow from the env's one RNG,
+so two runs with the same seed step the same episodes; they are not those of ``inproc`` or ``shm``, which seed
+every episode of every env on its own (``episode_seed``).
+
+Resume: a checkpoint's ``env_state`` holds the env's own state (``NativeEnvRecord.state``: physics state, step
+counters, reset bounds, the RNG's bit-generator state with its 128-bit integers as strings, the episode return
+and length counters), not an action history (``EnvHistory``), so a run made on this backend resumes on it alone,
+and one made on ``inproc`` or ``shm`` on those (``check_env_state`` says so in one line).
+
+What it cannot do (``native_vector_refusal``; ``auto`` then picks ``inproc`` or ``shm``): ``normalize_reward``
+(conveyor's env loop does it), ``env_args`` other than the vector env's own keywords (``NATIVE_VECTOR_ENVS``),
+``--env-groups`` > 1. The vector env's numpy code raises no env errors and has no worker to restart.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from conveyor.config import ConfigError, EnvCfg
+from conveyor.envs.gym_api import registered_spec
+from conveyor.envs.vector_api import StepResult
+
+CARTPOLE_VECTOR_ENV = "gymnasium.envs.classic_control.cartpole:CartPoleVectorEnv"
+NATIVE_VECTOR_ENVS = {CARTPOLE_VECTOR_ENV: ("max_episode_steps", "sutton_barto_reward")}
+"""The vector entry points this backend steps, each with the ``env_args`` its constructor takes."""
+NATIVE_STATE_KIND = "native_vector"
+"""``env_state["kind"]`` of a checkpoint made on this backend (an ``EnvHistory``'s state has no ``kind``)."""
+
+
+def native_entry_point(cfg: EnvCfg) -> str:
+    """The vector entry point of ``cfg.id``'s registry spec when this backend steps it, else ""."""
+    spec = registered_spec(cfg.id)
+    entry = spec.vector_entry_point if spec is not None else None
+    return entry if isinstance(entry, str) and entry in NATIVE_VECTOR_ENVS else ""
+
+
+def native_vector_refusal(cfg: EnvCfg) -> str:
+    """Why the ``vector`` backend cannot run ``cfg`` (one line naming the flag and the fix), or "" when it can."""
+    entry = native_entry_point(cfg)
+    if not entry:
+        return (f"env {cfg.id!r} has no native vector env that conveyor steps (gymnasium's vector_entry_point: "
+                "CartPole-v0 and -v1): use --env-backend auto, inproc or shm")
+    if cfg.normalize_reward:
+        return ("normalize_reward runs in conveyor's own env loop, not in the native vector env: use "
+                "--env-backend auto, inproc or shm, or drop --normalize-reward")
+    unknown = sorted(set(cfg.kwargs) - set(NATIVE_VECTOR_ENVS[entry]))
+    if unknown:
+        return (f"--env-arg {', '.join(unknown)}: the native vector env {entry} takes only "
+                f"{', '.join(NATIVE_VECTOR_ENVS[entry])}: drop it, or use --env-backend auto, inproc or shm")
+    return ""
+
+
+def is_native_state(env_state: dict[str, Any] | None) -> bool:
+    """Whether a checkpoint's ``env_state`` was made on the ``vector`` backend (else: an ``EnvHistory``'s)."""
+    return isinstance(env_state, dict) and env_state.get("kind") == NATIVE_STATE_KIND
+
+
+def check_env_state(backend: str, env_state: dict[str, Any] | None) -> None:
+    """Refuse in one line to rebuild envs on ``backend`` from a checkpoint's ``env_state`` made on a backend that
+    stores envs the other way (the native vector env's own state, or an action history)."""
+    if env_state is None or (backend == "vector") == is_native_state(env_state):
+        return
+    if backend == "vector":
+        raise ConfigError("the checkpoint's envs were stepped by --env-backend inproc or shm (it holds their action "
+                          "history, which the native vector env cannot replay): resume with --env-backend inproc "
+                          "or shm")
+    raise ConfigError(f"the checkpoint's envs were stepped by --env-backend vector (it holds the native vector "
+                      f"env's own state, which {backend} cannot load): resume with --env-backend vector")
+
+
+def _encoded(value: Any) -> Any:
+    """A bit generator's state with its integers as strings (PCG64's are 128-bit: not a tensor, not JSON-safe)."""
+    if isinstance(value, dict):
+        return {key: _encoded(item) for key, item in value.items()}
+    return str(value) if isinstance(value, int) else value
+
+
+def _decoded(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: (item if key == "bit_generator" else _decoded(item)) for key, item in value.items()}
+    return int(value)
+
+
+class NativeEnvRecord:
+    """``NativeVectorEnv.history``: what a checkpoint stores to rebuild the envs (``state``), and how
+    (``restore``)."""
+
+    def __init__(self, venv: NativeVectorEnv) -> None:
+        self._venv = venv
+
+    def state(self) -> dict[str, Any]:
+        """Tensors, strings, floats and dicts (loadable with ``weights_only=True``)."""
+        import torch  # here: the backend itself needs no torch
+
+        venv = self._venv
+        env = venv.env
+        return {
+            "kind": NATIVE_STATE_KIND,
+            "entry_point": venv.entry_point,
+            "state": torch.from_numpy(np.array(env.state, np.float64)),
+            "steps": torch.from_numpy(env.steps.astype(np.int64)),
+            "reset_bounds": [float(env.low), float(env.high)],
+            "rng": _encoded(env.np_random.bit_generator.state),
+            "episode_return": torch.from_numpy(venv.running_return.copy()),
+            "episode_length": torch.from_numpy(venv.running_length.copy()),
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Put the envs where ``state`` (``state()`` of an earlier run) left them."""
+        venv = self._venv
+        env = venv.env
+        shape = tuple(state["state"].shape)
+        if state["entry_point"] != venv.entry_point or shape != (4, venv.num_envs):
+            raise ConfigError(f"the checkpoint holds {shape[-1]} envs of {state['entry_point']}, this run steps "
+                              f"{venv.num_envs} of {venv.entry_point}: resume with the run's own --env and "
+                              "--num-envs")
+        env.reset(seed=0)  # builds the env's arrays and RNG; every one of them is replaced below
+        env.state = state["state"].numpy().astype(np.float64)
+        env.steps = state["steps"].numpy().astype(env.steps.dtype)
+        env.prev_done = np.zeros(venv.num_envs, bool)
+        env.low, env.high = state["reset_bounds"]
+        env.np_random.bit_generator.state = _decoded(state["rng"])
+        venv.running_return[:] = state["episode_return"].numpy()
+        venv.running_length[:] = state["episode_length"].numpy()
+
+
+class NativeVectorEnv:
+    """``cfg.num_envs`` envs in one gymnasium vector env, stepped in this process with same-step auto-reset (see
+    the module docstring); the ``VectorEnv`` protocol."""
+
+    def __init__(self, cfg: EnvCfg, seed: int, *, copy: bool = True, env_state: dict[str, Any] | None = None,
+                 env_offset: int = 0) -> None:
+        """``env_offset``: the global index of env 0 here (a data-parallel rank's share of a run's envs)."""
+        refusal = native_vector_refusal(cfg)
+        if refusal:
+            raise ConfigError(refusal)
+        check_env_state("vector", env_state)
+        self.cfg = cfg
+        self.entry_point = native_entry_point(cfg)
+        self.seed = seed + env_offset
+        self.num_envs = batch = cfg.num_envs
+        self.copy = copy
+        self.restarts = 0  # nothing to restart: the envs live and die with this process
+        self.env_errors = 0  # numpy physics: no env raises per step
+        self.env = gym.make_vec(registered_spec(cfg.id).id, num_envs=batch,  # type: ignore[union-attr]
+                                vectorization_mode="vector_entry_point", **cfg.kwargs)
+        """The gymnasium vector env (its ``state``, ``steps``, ``np_random``: what a checkpoint holds)."""
+        self.single_observation_space = self.env.single_observation_space
+        self.single_action_space = self.env.single_action_space
+        obs_shape, obs_dtype = self.single_observation_space.shape, self.single_observation_space.dtype
+        self._views = StepResult(
+            obs=np.zeros((batch, *obs_shape), obs_dtype),
+            reward=np.zeros(batch, np.float32),
+            terminated=np.zeros(batch, bool),
+            truncated=np.zeros(batch, bool),
+            final_obs=np.zeros((batch, *obs_shape), obs_dtype),
+            episode_return=np.full(batch, np.nan),
+            episode_length=np.zeros(batch, np.int64),
+            restarted=np.zeros(batch, bool),  # never set: no worker dies here
+        )
+        self._actions = np.zeros((batch, *self.single_action_space.shape), self.single_action_space.dtype)
+        self.running_return = np.zeros(batch)
+        """[B] float64: the return of each env's running episode so far."""
+        self.running_length = np.zeros(batch, np.int64)
+        """[B] its steps so far."""
+        self.history = NativeEnvRecord(self)
+        self._pending_state = env_state
+        self._seeded = False
+        self._stepping = False
+        self._closed = False
+
+    def reset(self) -> np.ndarray:
+        """Start every env (the first time seeded with ``seed + env_offset``; a resumed run's: where that run
+        stopped); the first observations."""
+        self._check_open()
+        if self._pending_state is not None:
+            self.history.restore(self._pending_state)
+            self._pending_state = None
+            obs = self.env.state.T.astype(np.float32)
+        else:
+            obs, _ = self.env.reset(seed=None if self._seeded else self.seed)
+            self.running_return[:] = 0.0
+            self.running_length[:] = 0
+        self._seeded = True
+        views = self._views
+        views.obs[:] = obs
+        views.reward[:] = 0.0
+        views.terminated[:] = views.truncated[:] = False
+        views.episode_return[:] = np.nan
+        views.episode_length[:] = 0
+        return views.obs.copy() if self.copy else views.obs
+
+    def step_async(self, actions: Any) -> None:
+        """Take ``actions`` ``[B, *action_shape]``; the envs step in ``step_wait``."""
+        self._check_open()
+        if self._stepping:
+            raise RuntimeError("step_async() called twice: call step_wait() before the next step_async()")
+        if np.shape(actions) != self._actions.shape:
+            raise ValueError(f"actions have shape {np.shape(actions)}, expected {self._actions.shape}")
+        if not self._seeded:
+            raise RuntimeError("step_async() called before reset()")
+        self._actions[...] = actions
+        self._stepping = True
+
+    def step_wait(self) -> StepResult:
+        """Step every env with the actions of ``step_async`` and reset the finished ones; the ``StepResult``."""
+        if not self._stepping:
+            raise RuntimeError("step_wait() called without step_async()")
+        self._stepping = False
+        env, views = self.env, self._views
+        obs, reward, terminated, truncated, _ = env.step(self._actions)
+        views.obs[:] = obs
+        views.reward[:] = reward
+        views.terminated[:] = terminated
+        views.truncated[:] = truncated
+        self.running_return += reward
+        self.running_length += 1
+        views.episode_return[:] = np.nan
+        views.episode_length[:] = 0
+        done = terminated | truncated
+        if done.any():
+            views.final_obs[done] = obs[done]
+            views.episode_return[done] = self.running_return[done]
+            views.episode_length[done] = self.running_length[done]
+            self.running_return[done] = 0.0
+            self.running_length[done] = 0
+            # What the env's own next step would do for them (CartPoleVectorEnv.step), done now.
+            env.state[:, done] = env.np_random.uniform(low=env.low, high=env.high, size=(4, int(done.sum())))
+            env.steps[done] = 0
+            views.obs[done] = env.state[:, done].T
+        env.prev_done[:] = False
+        if self.copy:
+            return StepResult(*(array.copy() for array in views))
+        return views
+
+    def step(self, actions: Any) -> StepResult:
+        self.step_async(actions)
+        return self.step_wait()
+
+    def close(self) -> None:
+        """Close the env (idempotent)."""
+        if not self._closed:
+            self._closed = True
+            self.env.close()
+
+    def __enter__(self) -> NativeVectorEnv:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("vector env unusable: the vector env is closed")
+
+
+def measure_native_step_us(cfg: EnvCfg, seed: int, *, rounds: int = 5, steps: int = 40) -> float:
+    """The wall-clock of one env's share of a step of the native vector env of ``cfg`` (a step of all
+    ``cfg.num_envs`` envs, resets included, over their count), in microseconds: the fastest of ``rounds`` rounds
+    of ``steps`` steps on actions drawn beforehand, after one round of warm-up."""
+    with NativeVectorEnv(cfg, seed, copy=False) as venv:
+        venv.reset()
+        actions = np.random.default_rng(seed).integers(0, venv.single_action_space.n, (steps, venv.num_envs))
+        best = np.inf
+        for round_ in range(rounds + 1):
+            start = time.perf_counter()
+            for action in actions:
+                venv.step(action)
+            if round_:  # round 0 warms up
+                best = min(best, time.perf_counter() - start)
+    return float(best / steps / venv.num_envs * 1e6)
