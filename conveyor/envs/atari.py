@@ -27,7 +27,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from conveyor.config import ConfigError, EnvCfg
+from conveyor.config import EnvCfg
+from conveyor.errors import ConfigError
 from conveyor.envs.gym_api import EPISODE_KEY, LIFE_CONTINUED_KEY, gym_make
 
 SCREEN_SIZE = 84

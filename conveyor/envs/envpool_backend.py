@@ -30,7 +30,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from conveyor.config import ConfigError, EnvCfg
+from conveyor.config import EnvCfg
+from conveyor.errors import ConfigError
 from conveyor.envs.atari import SCREEN_SIZE
 from conveyor.envs.vector_api import StepResult
 

@@ -56,8 +56,8 @@ from typing import Any, Callable, NamedTuple
 import gymnasium as gym
 import numpy as np
 
-from conveyor.config import ConfigError, EnvCfg
-from conveyor.errors import StoppedWhileStarting, WorkerDied, WorkerFailure
+from conveyor.config import EnvCfg
+from conveyor.errors import ConfigError, StoppedWhileStarting, WorkerDied, WorkerFailure
 from conveyor.envs.envpool_backend import EnvpoolVectorEnv
 from conveyor.envs.history import EnvHistory
 from conveyor.envs.inproc import InProcessVectorEnv, choose_backend
