@@ -452,11 +452,13 @@ ALGO_FAMILY: dict[tuple[str, str], dict[str, Any]] = {
 # Where one architecture's run of an algorithm wants other values than the others' (a layer above ALGO_FAMILY).
 ARCH_ALGO_FAMILY: dict[tuple[str, str, str], dict[str, Any]] = {
     ("paac", "a2c", "classic-discrete"): {  # soonest to 475 in wall-clock: fewer, larger updates (PAAC fig. 3's
-        # n_e axis); paac/a2c CartPole-v1 seeds 1-3 reach 475 at 194k/184k/161k steps in 607/574/503 updates, where
-        # 16 envs at lr 2e-3 took 168k-189k steps in 2,100-2,360 updates, 2x the wall-clock (BENCHMARKS.md
-        # "Fastest to a trained agent"; 32 envs at 4e-3: 148k-174k steps, 920-1,090 updates)
-        "env.num_envs": 64,  # source: tuned here: as above
-        "algo.lr": 6e-3,  # source: tuned here: as above (the lr grows with the batch, PAAC section 5.1: 0.0007 n_e)
+        # n_e axis). On the vector backend (CartPole's env steps cost little) paac/a2c CartPole-v1 seeds 0-8 with
+        # 128 envs at lr 1e-2 reach 475 at 156k-278k steps, median 3.9 s of training (2.9-5.3 s), where 64 envs at
+        # 6e-3 (seeds 0-4) took 142k-226k steps and a median 6.7 s, 64 at 1e-2 6.1 s, 128 at 6e-3 5.5 s, 96 at 1e-2
+        # 4.4 s (seeds 5-8), 128 at 1.3e-2 failed seed 5; 256 envs took 356k-550k steps (docs/benchmarks-log.md
+        # "Fastest to a trained agent", 2026-11-28 round 2). On single envs 16 envs at lr 2e-3 took 2x 64's time.
+        "env.num_envs": 128,  # source: tuned here: as above
+        "algo.lr": 1e-2,  # source: tuned here: as above (the lr grows with the batch, PAAC section 5.1: 0.0007 n_e)
     },
 }
 
