@@ -6,7 +6,8 @@ and writes into ``--out``: ``numbers.csv`` (every number the report shows), one 
 Markdown page (``--page``, default ``OUT/results.md``). The statistics are ``conveyor.bench.stats``': the
 interquartile mean of the final return with a 95% stratified bootstrap interval, per env and normalized
 across envs (``SCORES``), performance profiles, the probability of improvement of every arch/algo over every
-other, and the IQM over the course of training against env steps and wall time.
+other, the IQM over the course of training against env steps and wall time and, with ``--claims``, the papers'
+claims' verdicts (``conveyor.bench.claims``).
 
 A run's curve is its ``checkpoint_curve``: the mean return of the last 100 episodes at up to
 ``CURVE_POINTS + 1`` episodes spread evenly over its env steps, rounded as its exported CSV holds it, so a run
@@ -412,8 +413,8 @@ def write_report(records: Sequence[RunRecord], out: Path, page_path: Path, comma
     written = [out / "numbers.csv"] + (write_figures(rows, out) if figures else [])
     figures_dir = Path(os.path.relpath(out, page_path.parent)).as_posix()
     page_path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(page_path, page(records, rows, command, figures_dir, f"{figures_dir}/numbers.csv", reps,
-                                            claims))
+    text = page(records, rows, command, figures_dir, f"{figures_dir}/numbers.csv", reps, claims)
+    write_text_atomic(page_path, text)
     return written + [page_path]
 
 
