@@ -67,12 +67,16 @@ COMPARES = [
 ]
 
 
-def train(arch: str, env: str, env_args: tuple[str, ...], workers: int, alpha: int | None, seconds: float,
-          run_dir: Path) -> dict[str, Any]:
-    """One run; its summary plus the steady ``sps`` (or ``error``)."""
-    command = [sys.executable, "-m", "conveyor", "train", "--arch", arch, "--algo", "a2c", "--env", env,
-               *(word for arg in env_args for word in ("--env-arg", arg)), "--num-envs", str(NUM_ENVS),
-               "--num-workers", str(workers), "--torch-threads", "1", "--target-return", "inf",
+def train(arch: str, env: str, env_args: tuple[str, ...], workers: int | None, alpha: int | None, seconds: float,
+          run_dir: Path, *, algo: str = "a2c", num_envs: int | None = NUM_ENVS,
+          flags: tuple[str, ...] = ()) -> dict[str, Any]:
+    """One run; its summary plus the steady ``sps`` (or ``error``). ``workers`` or ``num_envs`` None: the
+    preset's; ``flags``: more ``conveyor train`` flags (benchmarks/claims.py's grids)."""
+    command = [sys.executable, "-m", "conveyor", "train", "--arch", arch, "--algo", algo, "--env", env,
+               *(word for arg in env_args for word in ("--env-arg", arg)),
+               *(["--num-envs", str(num_envs)] if num_envs is not None else []),
+               *(["--num-workers", str(workers)] if workers is not None else []), *flags,
+               "--torch-threads", "1", "--target-return", "inf",
                "--total-steps", str(10**9), "--time-limit-s", f"{STARTUP_S + seconds:g}", "--log-interval-s", "0.2",
                "--no-progress", "--out", str(run_dir)]
     if alpha is not None:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conveyor.bench import aggregate, stats
+from conveyor.bench import aggregate, claims, stats
 
 REPO = Path(__file__).resolve().parent.parent
 # A small fixed score matrix: 5 runs (rows) of 3 tasks (columns), with ties and an outlier.
@@ -123,12 +124,14 @@ def test_the_results_page_regenerates_from_the_committed_data(tmp_path, monkeypa
     committed = Path("docs/results.md").read_text()
     command = next(line for line in committed.splitlines() if line.startswith("<!-- Written by `"))
     runs, out, page_path = Path("benchmarks/results/matrix"), Path("docs/results"), Path("docs/results.md")
-    assert aggregate.report_command([runs], out, page_path, stats.BOOTSTRAP_REPS) in command
+    claims_dir = Path("benchmarks/results/claims")
+    report_command = aggregate.report_command([runs], out, page_path, stats.BOOTSTRAP_REPS, claims_dir)
+    assert report_command in command
     records = aggregate.find_runs([runs])
     rows = aggregate.aggregate(records)
     assert aggregate.numbers_csv(rows) == (out / "numbers.csv").read_text()
-    text = aggregate.page(records, rows, aggregate.report_command([runs], out, page_path, stats.BOOTSTRAP_REPS),
-                          "results", "results/numbers.csv", stats.BOOTSTRAP_REPS)
+    text = aggregate.page(records, rows, report_command, "results", "results/numbers.csv", stats.BOOTSTRAP_REPS,
+                          claims.claims_section(claims_dir))
     assert text == committed
     for name in aggregate.figure_names(rows):
         assert (out / name).is_file(), f"{out / name} is missing: rerun the command in docs/results.md"
@@ -138,7 +141,105 @@ def test_bad_input_is_one_line_with_exit_code_2(tmp_path, capsys):
     from conveyor.cli import main
 
     for argv, message in (([str(tmp_path / "no-such-dir")], "no-such-dir is not a directory"),
-                          ([str(tmp_path)], "no runs in"), ([str(tmp_path), "--reps", "0"], "--reps 0")):
+                          ([str(tmp_path)], "no runs in"), ([str(tmp_path), "--reps", "0"], "--reps 0"),
+                          ([str(tmp_path), "--claims", str(tmp_path / "none")], "--claims")):
         assert main(["report", *argv]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and message in err, err
+
+
+# ---- the papers' claims (conveyor.bench.claims) --------------------------------------------------------
+def _efficiency_rows(env: str, hts: list[float], paac: list[float], budget: int = 1000) -> list[dict]:
+    return [{"part": "efficiency", "env": env, "arch": arch, "seed": str(seed), "status": "ok",
+             "step_budget": str(budget), "return_mean_last100": str(value), "mode": "full"}
+            for arch, values in (("hts", hts), ("paac", paac)) for seed, value in enumerate(values)]
+
+
+def test_improvement_verdicts_follow_the_non_inferiority_rule():
+    assert claims.improvement_verdict(0.2, 0.05, 0.45) == claims.FAILS  # the CI lies below 0.5: paac is better
+    assert claims.improvement_verdict(0.5, 0.3, 0.7) == claims.HOLDS  # its low end reaches the margin
+    assert claims.improvement_verdict(0.45, 0.2, 0.7) == claims.INCONCLUSIVE
+    assert claims.improvement_verdict(1.0, 1.0, 1.0, runs=2) == claims.INCONCLUSIVE  # too few runs to tell
+
+
+def test_hts_sample_efficiency_verdicts_from_rows():
+    # Every hts run above every paac run: P = 1 with a degenerate interval [1, 1].
+    better = claims.hts_verdicts(_efficiency_rows("A", [10, 11, 12], [1, 2, 3]))
+    assert [(f.verdict, f.numbers.split(";")[0]) for f in better] == [(claims.HOLDS, "P(hts > paac) 1.00 [1.00, 1.00]")]
+    assert better[0].seeds == "0, 1, 2" and "1,000 env steps" in better[0].what
+    worse = claims.hts_verdicts(_efficiency_rows("A", [1, 2, 3], [10, 11, 12]))
+    assert worse[0].verdict == claims.FAILS and worse[0].numbers.startswith("P(hts > paac) 0.00")
+    # Identical scores: P = 0.5 exactly; two envs add a pooled line.
+    same = claims.hts_verdicts(_efficiency_rows("A", [5, 5, 5], [5, 5, 5])
+                               + _efficiency_rows("B", [1, 2, 3], [1, 2, 3]))
+    assert [f.what.partition(", ")[2] for f in same] == ["A: last-100 mean return at 1,000 env steps",
+                                                           "B: last-100 mean return at 1,000 env steps",
+                                                           "A and B pooled"]
+    assert same[0].numbers.startswith("P(hts > paac) 0.50 [0.50, 0.50]") and same[0].verdict == claims.HOLDS
+    # P(hts > paac) on B by hand: of the 9 pairs, 3 ties and 3 wins -> (3 + 1.5) / 9 = 0.5.
+    assert same[1].numbers.startswith("P(hts > paac) 0.50")
+    failed = _efficiency_rows("A", [10, 11, 12], [1, 2, 3])
+    failed[0]["status"] = "failed"
+    assert "(2 and 3 runs)" in claims.hts_verdicts(failed)[0].numbers and claims.hts_verdicts(failed)[0].verdict == \
+        claims.INCONCLUSIVE
+
+
+def test_speed_and_eq7_verdicts():
+    common = {"part": "speed", "status": "ok", "config": "StepTime gamma k=0.5"}
+    rows = [{**common, "table": "compare", "alpha": "32", "hts_sps": "1500", "paac_sps": "1000", "hts_runs": "1500",
+             "paac_runs": "1000"},
+            {**common, "table": "eq7", "alpha": "64", "sps": "900", "predicted_sps": "1000", "error_pct": "-10"},
+            {**common, "table": "eq7", "alpha": "256", "sps": "500", "predicted_sps": "1000", "error_pct": "-50"}]
+    speed, close, far = claims.hts_verdicts(rows)
+    assert speed.verdict == claims.HOLDS and "HTS / PAAC SPS 1.50" in speed.numbers
+    assert close.verdict == claims.HOLDS and "error -10%" in close.numbers
+    assert far.verdict == claims.FAILS
+
+
+def test_growth_findings_use_the_ratio_of_medians():
+    rows = [{"num_envs": n, "sps": sps, "time_learn": learn, "time_env": 0.5, "status": "ok"}
+            for n, sps, learn in ((8, 100, 0.4), (8, 120, 0.4), (8, 300, 0.4), (64, 240, 0.1))]
+    sps, share = claims.paac_verdicts(rows)
+    assert sps.verdict == claims.HOLDS and sps.numbers.startswith("largest / smallest 2.00")  # 240 / median 120
+    assert share.verdict == claims.HOLDS
+    flat = claims.growth_finding("x", {1.0: 100.0, 4.0: 105.0})
+    assert flat.verdict == claims.INCONCLUSIVE  # within the 10 % band
+    assert claims.growth_finding("x", {1.0: 100.0, 4.0: 50.0}).verdict == claims.FAILS
+    assert claims.growth_finding("x", {1.0: 100.0}).verdict == claims.INCONCLUSIVE
+
+
+def test_ga3c_seed_and_impact_verdicts():
+    grid = [{"part": "grid", "status": "ok", "agents": a, "predictors": "1", "trainers": "1", "lag_mean": lag,
+             "tps": tps} for a, lag, tps in ((1, 0.5, 10.0), (8, 3.0, 40.0))]
+    tuned = {"part": "autotune", "status": "ok", "agents": 6, "predictors": 1, "trainers": 2, "tps": 38.0}
+    lag, tps, autotune = claims.ga3c_verdicts([*grid, tuned])
+    assert (lag.verdict, tps.verdict, autotune.verdict) == (claims.HOLDS, claims.HOLDS, claims.HOLDS)
+    assert "ratio 0.95" in autotune.numbers
+    seed = [{"inference": kind, "actors": a, "sps": sps, "latency_p50_ms": 1.0, "status": "ok"}
+            for kind, a, sps in (("central", 1, 100), ("central", 4, 300), ("local", 1, 200), ("local", 4, 600))]
+    growth, versus = claims.seed_verdicts(seed)
+    assert growth.verdict == claims.HOLDS and versus.verdict == claims.FAILS and "0.50" in versus.numbers
+    impact = [{"replay_times": k, "seed": s, "status": "ok", "return_mean_last100": k + s / 10, "time_limit_s": 60}
+              for k in (1, 2, 4) for s in range(3)]
+    (finding,) = claims.impact_verdicts(impact)
+    assert finding.verdict == claims.HOLDS and finding.numbers.startswith("P(K=4 > K=1) 1.00")
+
+
+def test_the_claims_section_renders_runs_and_missing_claims(tmp_path):
+    fixture = tmp_path / "claims"
+    (fixture / "hts").mkdir(parents=True)
+    rows = [{**row, "date": "2026-01-02", "command": "benchmarks/claims.py hts"}
+            for row in _efficiency_rows("CartPole-v1", [10, 11, 12], [1, 2, 3])]
+    quick = {**rows[0], "mode": "quick", "return_mean_last100": "-100"}  # a smoke run's row never counts
+    with open(fixture / "hts" / "runs.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows([*rows, quick])
+    text = claims.claims_section(fixture)
+    assert text == claims.claims_section(fixture)  # deterministic
+    assert "Command: `benchmarks/claims.py hts`; 6 rows; dates 2026-01-02." in text
+    assert ("| sample efficiency, CartPole-v1: last-100 mean return at 1,000 env steps | **holds** "
+            "| P(hts > paac) 1.00 [1.00, 1.00]; mean return hts 11.0, paac 2.0 (3 and 3 runs) | 0, 1, 2 |") in text
+    assert "Not run yet: part speed (`benchmarks/claims.py hts --parts speed`)." in text
+    for name in ("paac", "ga3c", "seed", "impact"):
+        assert f"No full run yet: `benchmarks/claims.py {name}` produces it" in text

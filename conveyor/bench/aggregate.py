@@ -6,7 +6,8 @@ and writes into ``--out``: ``numbers.csv`` (every number the report shows), one 
 Markdown page (``--page``, default ``OUT/results.md``). The statistics are ``conveyor.bench.stats``': the
 interquartile mean of the final return with a 95% stratified bootstrap interval, per env and normalized
 across envs (``SCORES``), performance profiles, the probability of improvement of every arch/algo over every
-other, and the IQM over the course of training against env steps and wall time.
+other, the IQM over the course of training against env steps and wall time and, with ``--claims``, the papers'
+claims' verdicts (``conveyor.bench.claims``).
 
 A run's curve is its ``checkpoint_curve``: the mean return of the last 100 episodes at up to
 ``CURVE_POINTS + 1`` episodes spread evenly over its env steps, rounded as its exported CSV holds it, so a run
@@ -30,6 +31,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from conveyor.bench import stats
+from conveyor.bench.claims import claims_section
 from conveyor.bench.report import TARGET_STOP
 from conveyor.errors import ConfigError
 from conveyor.files import write_text_atomic
@@ -336,9 +338,10 @@ def _span(values: Sequence[str]) -> str:
 
 
 def page(records: Sequence[RunRecord], rows: Sequence[dict[str, Any]], command: str, figures: str,
-         numbers: str, reps: int) -> str:
+         numbers: str, reps: int, claims: str = "") -> str:
     """The Markdown page: how to regenerate it, the tables, the figures (under ``figures``, relative to the
-    page), the normalization table; ``numbers``: the link to numbers.csv."""
+    page), ``claims`` (the "Paper claims" section, ``claims.claims_section``), the normalization table;
+    ``numbers``: the link to numbers.csv."""
     groups = _groups(records)
     lines = [
         "# Results", "",
@@ -392,6 +395,8 @@ def page(records: Sequence[RunRecord], rows: Sequence[dict[str, Any]], command: 
     for env in sorted({env for env, _ in groups}):
         lines.append(f"![{env} against env steps]({figures}/curve_steps_{file_safe(env)}.png) "
                      f"![{env} against wall time]({figures}/curve_time_{file_safe(env)}.png)")
+    if claims:
+        lines += ["", claims.rstrip("\n")]
     lines += ["", "## Normalization", "", "| env | random | reference | source |", "|---|---:|---:|---|"]
     lines += [f"| {env} | {scores.random:g} | {scores.reference:g} | {scores.source} |"
               for env, scores in SCORES.items()]
@@ -399,15 +404,17 @@ def page(records: Sequence[RunRecord], rows: Sequence[dict[str, Any]], command: 
 
 
 def write_report(records: Sequence[RunRecord], out: Path, page_path: Path, command: str,
-                 reps: int = stats.BOOTSTRAP_REPS, figures: bool = True) -> list[Path]:
-    """``numbers.csv``, the figures (unless not ``figures``) and the page; returns what was written."""
+                 reps: int = stats.BOOTSTRAP_REPS, figures: bool = True, claims: str = "") -> list[Path]:
+    """``numbers.csv``, the figures (unless not ``figures``) and the page (with ``claims``, the "Paper claims"
+    section); returns what was written."""
     out.mkdir(parents=True, exist_ok=True)
     rows = aggregate(records, reps)
     write_text_atomic(out / "numbers.csv", numbers_csv(rows))
     written = [out / "numbers.csv"] + (write_figures(rows, out) if figures else [])
     figures_dir = Path(os.path.relpath(out, page_path.parent)).as_posix()
     page_path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(page_path, page(records, rows, command, figures_dir, f"{figures_dir}/numbers.csv", reps))
+    text = page(records, rows, command, figures_dir, f"{figures_dir}/numbers.csv", reps, claims)
+    write_text_atomic(page_path, text)
     return written + [page_path]
 
 
@@ -422,13 +429,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--export", type=Path, default=None, metavar="DIR",
                         help="instead of a report, write each run as DIR/<env>/<arch>-<algo>/seed-N.csv and .json "
                              "(its curve and date, no checkpoints: small enough to commit)")
+    parser.add_argument("--claims", type=Path, default=None, metavar="DIR",
+                        help="also render the papers' claims from DIR/<claim>/runs.csv (benchmarks/claims.py's "
+                             "results, e.g. benchmarks/results/claims) as the page's \"Paper claims\" section")
     parser.add_argument("--reps", type=int, default=stats.BOOTSTRAP_REPS,
                         help=f"bootstrap replicates per interval (default: {stats.BOOTSTRAP_REPS})")
 
 
-def report_command(runs: Sequence[Path], out: Path, page_path: Path | None, reps: int) -> str:
+def report_command(runs: Sequence[Path], out: Path, page_path: Path | None, reps: int,
+                   claims: Path | None = None) -> str:
     """The command line that writes this report, as its page states it."""
-    words = ["conveyor report", *map(str, runs), "--out", str(out)]
+    words = ["conveyor report", *map(str, runs), *(["--claims", str(claims)] if claims else []), "--out", str(out)]
     if page_path is not None:
         words += ["--page", str(page_path)]
     if reps != stats.BOOTSTRAP_REPS:
@@ -439,13 +450,17 @@ def report_command(runs: Sequence[Path], out: Path, page_path: Path | None, reps
 def main(args: argparse.Namespace) -> int:
     if args.reps < 1:
         raise ConfigError(f"--reps {args.reps}: give at least 1 bootstrap replicate (default {stats.BOOTSTRAP_REPS})")
+    if args.claims is not None and not args.claims.is_dir():
+        raise ConfigError(f"--claims {args.claims} is not a directory: pass the folder benchmarks/claims.py writes "
+                          "(benchmarks/results/claims)")
     records = find_runs(args.runs)
     if args.export is not None:
         for record in records:
             print(f"written: {export_run(record, args.export)}")
         return 0
     page_path = args.page or args.out / "results.md"
-    command = report_command(args.runs, args.out, args.page, args.reps)
-    for path in write_report(records, args.out, page_path, command, args.reps):
+    command = report_command(args.runs, args.out, args.page, args.reps, args.claims)
+    claims = claims_section(args.claims) if args.claims is not None else ""
+    for path in write_report(records, args.out, page_path, command, args.reps, claims=claims):
         print(f"written: {path}")
     return 0
