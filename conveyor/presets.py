@@ -460,6 +460,15 @@ ARCH_ALGO_FAMILY: dict[tuple[str, str, str], dict[str, Any]] = {
         "env.num_envs": 128,  # source: tuned here: as above
         "algo.lr": 1e-2,  # source: tuned here: as above (the lr grows with the batch, PAAC section 5.1: 0.0007 n_e)
     },
+    ("seed", "vtrace", "classic-discrete"): {  # soonest to 475 in wall-clock: each actor's round trip to the
+        # inference server carries 64 envs, not 4. seed/vtrace CartPole-v1 seeds 0-2: 475 at 324k/436k/393k steps in
+        # 34/43/37 s of training (9.5k-10.6k SPS), where the vtrace/classic-discrete 8 envs, batch 16, lr 2e-3 took
+        # 210k steps in 112 s (1.9k SPS); 32 envs, batch 32, 2e-3: 74 s; 64/64/3e-3: 56 s; 64/32/3e-3: 39 s (seed 0)
+        # (docs/benchmarks-log.md "Fastest to a trained agent", 2026-11-28 round 2)
+        "env.num_envs": 128,  # source: tuned here: as above
+        "arch.batch_size": 64,  # source: tuned here: as above
+        "algo.lr": 4e-3,  # source: tuned here: as above
+    },
 }
 
 # The comparison presets use each batch once (K = 1), so on cheap envs they want smaller worker batches than

@@ -16,7 +16,9 @@ from tests.fault_env import children
 
 # (arch, env steps, bar): budgets cut short of the presets' 475 (README "Presets"), bars well above random
 # play and below what seed 1 reached at that budget (measured here, see the calibration in the closing note).
-SMOKE = [("paac", 60_000, 100.0), ("hts", 60_000, 100.0), ("ga3c", 60_000, 100.0), ("seed", 60_000, 100.0),
+# SEED's preset acts with 128 envs for wall-clock (more steps to 475, each far cheaper): seed 1 held 145 at 150k
+# steps and 156 at 200k, in 15-20 s of training, where its earlier 8 envs took 32 s for 60k.
+SMOKE = [("paac", 60_000, 100.0), ("hts", 60_000, 100.0), ("ga3c", 60_000, 100.0), ("seed", 200_000, 100.0),
          ("impact", 60_000, 100.0)]
 
 
