@@ -767,19 +767,26 @@ class RunCfg:
         return dict(self._preset_sources)  # type: ignore[attr-defined]
 
     @property
+    def small_model(self) -> bool:
+        """Whether the model is one of the small ones, ``mlp`` and ``minatar_cnn``, whose forward and backward cost
+        PyTorch's fixed per-op overhead more than arithmetic (``learner_threads``; PAAC A2C runs its learner's own
+        forward rather than backpropagating through the acting ones). An encoder of your own (``MODULE:CLASS``)
+        counts as ``auto``'s pick: ``nature_cnn`` for Atari frames, ``mlp`` for vectors."""
+        model = self.model.name
+        if model == "auto" or is_ref(model):
+            model = "nature_cnn" if self.env.is_atari else "mlp"
+        return model in ("mlp", "minatar_cnn")
+
+    @property
     def learner_threads(self) -> int:
-        """``torch_threads``, else: one for the small models, ``mlp`` and ``minatar_cnn`` (their matmuls are too
-        small to split; a second OpenMP thread spinning beside busy env workers made the default CartPole job
-        2.7x slower on a loaded 2-core machine); for the larger CNNs every core for paac (its env workers idle
-        while the learner computes) and half the cores for the asynchronous architectures (envs step while the
-        learner computes; oversubscribed OpenMP threads spin, measured 8x slower Nature-CNN forwards). An encoder
-        of your own (``MODULE:CLASS``) gets what ``auto`` would."""
+        """``torch_threads``, else: one for the small models (``small_model``: their matmuls are too small to
+        split; a second OpenMP thread spinning beside busy env workers made the default CartPole job 2.7x slower
+        on a loaded 2-core machine); for the larger CNNs every core for paac (its env workers idle while the
+        learner computes) and half the cores for the asynchronous architectures (envs step while the learner
+        computes; oversubscribed OpenMP threads spin, measured 8x slower Nature-CNN forwards)."""
         if self.torch_threads:
             return self.torch_threads
-        model = self.model.name
-        if model == "auto" or is_ref(model):  # as auto picks: nature_cnn for frames (Atari here), mlp for vectors
-            model = "nature_cnn" if self.env.is_atari else "mlp"
-        if model in ("mlp", "minatar_cnn"):
+        if self.small_model:
             return 1
         cores = os.cpu_count() or 1
         return cores if self.arch.name == "paac" else max(1, cores // 2)

@@ -6,8 +6,8 @@ update counter every architecture stamps on the actions it takes, so policy
 lag is measurable). Then it folds the batch's observations into the model's
 input statistics (``ModelCfg.normalize_obs``): after the step, so the
 gradient is taken under the statistics the batch was collected with (PAAC
-A2C backpropagates through the acting forwards themselves; PPO's first
-epoch starts at ratio 1), and the next forwards use the new ones.
+A2C with a CNN backpropagates through the acting forwards themselves; PPO's
+first epoch starts at ratio 1), and the next forwards use the new ones.
 
 A non-finite loss or gradient norm (a NaN from the env, an exploding
 update) skips the optimizer step: the parameters, the optimizer state and

@@ -222,8 +222,10 @@ def test_two_ranks_with_groups_end_as_one_process_without_them(tmp_path):
     # lr 2e-3, as in tests/test_distributed.py's rounding tests: the 64-env preset's 6e-3 grows rounding into
     # another sampled action within 800 steps
     proc = torchrun(tmp_path / "two", "--arch", "paac", "--algo", "a2c", "--num-workers", "2", "--env-groups", "2",
-                    "--total-steps", "800", "--lr", "0.002")
-    single = conveyor.train(RunCfg(env=EnvCfg(id="CartPole-v1", num_envs=8, num_workers=2), algo=AlgoCfg(lr=2e-3),
+                    "--total-steps", "800", "--lr", "0.002", "--env-backend", "shm")
+    # both on shm: auto would step the single process's CartPole in gymnasium's vector env, other episodes
+    single = conveyor.train(RunCfg(env=EnvCfg(id="CartPole-v1", num_envs=8, num_workers=2, backend="shm"),
+                                   algo=AlgoCfg(lr=2e-3),
                                    arch=ArchCfg(name="paac", env_groups=1), total_steps=800, torch_threads=1,
                                    progress=False, out=str(tmp_path / "one")))
     finished(proc)

@@ -8,23 +8,25 @@ step; the others (the phys2d Jax ones among them) take ``inproc`` or ``shm``.
 
 Auto-reset: gymnasium's vector env resets a finished env at its *next* step (``AutoresetMode.NEXT_STEP``), which
 returns the first observation with reward 0 and ignores that step's action. conveyor's storage expects the
-reset in the same step (``StepResult``): right after each step, the finished envs are reset here, in place,
-the way the env's own next step would have reset them (its ``np_random`` draws each new state uniformly in
-``[low, high]``, the same draws in the same order; its step counters restart), and ``prev_done`` is cleared, so
-the env's next step resets nothing and wastes no action. ``final_obs`` holds the finished episodes' last
-observations; episode returns (the sum of the rewards) and lengths are counted here. gymnasium is pinned:
-``tests/test_vector_backend.py`` holds the adapter against gymnasium's single ``CartPoleEnv`` and against the
-vector env's own auto-reset, so a changed env fails there.
+reset in the same step (``StepResult``): right after each step, the finished envs are reset here, in place (a
+new state drawn uniformly in ``[low, high]``, as ``CartPoleEnv.reset`` draws it; the step counters restart), and
+``prev_done`` is cleared, so the env's next step resets nothing and wastes no action. ``final_obs`` holds the
+finished episodes' last observations; episode returns (the sum of the rewards) and lengths are counted here.
+gymnasium is pinned: ``tests/test_vector_backend.py`` holds the adapter against gymnasium's single
+``CartPoleEnv``, so a changed env fails there.
 
-Seeds: the vector env takes one seed; it is ``seed + env_offset`` (the run's seed plus the global index of env 0
-here: a data-parallel rank's share), given at the first ``reset``. Episodes then follow from the env's one RNG,
-so two runs with the same seed step the same episodes; they are not those of ``inproc`` or ``shm``, which seed
-every episode of every env on its own (``episode_seed``).
+Seeds: as on ``inproc`` and ``shm``, episode k of env i (its global index: ``env_offset`` plus its row) starts
+from ``reset(seed=episode_seed(seed, i, k))``'s draw, made here with the generator that seed gives the single
+env (``_start_episodes``). So an env's episodes do not depend on how the envs are batched or split over
+data-parallel ranks, and they start where ``inproc``'s and ``shm``'s start; the steps that follow are the vector
+env's numpy physics, the single env's formulas in the same order (``tests/test_vector_backend.py`` finds the
+two equal to the bit on the project's machines; numpy's array and scalar sin/cos may differ in the last bit on
+others), so a seeded run on ``vector`` takes the same actions as on ``inproc`` wherever they agree.
 
 Resume: a checkpoint's ``env_state`` holds the env's own state (``NativeEnvRecord.state``: physics state, step
-counters, reset bounds, the RNG's bit-generator state with its 128-bit integers as strings, the episode return
-and length counters), not an action history (``EnvHistory``), so a run made on this backend resumes on it alone,
-and one made on ``inproc`` or ``shm`` on those (``check_env_state`` says so in one line).
+counters, each env's next episode index, the reset bounds, the episode return and length counters), not an
+action history (``EnvHistory``), so a run made on this backend resumes on it alone, and one made on ``inproc``
+or ``shm`` on those (``check_env_state`` says so in one line).
 
 What it cannot do (``native_vector_refusal``; ``auto`` then picks ``inproc`` or ``shm``): ``normalize_reward``
 (conveyor's env loop does it), ``env_args`` other than the vector env's own keywords (``NATIVE_VECTOR_ENVS``),
@@ -38,10 +40,12 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.utils import seeding
 
 from conveyor.config import EnvCfg
 from conveyor.errors import ConfigError
 from conveyor.envs.gym_api import registered_spec
+from conveyor.envs.make import episode_seed
 from conveyor.envs.vector_api import StepResult
 
 CARTPOLE_VECTOR_ENV = "gymnasium.envs.classic_control.cartpole:CartPoleVectorEnv"
@@ -92,19 +96,6 @@ def check_env_state(backend: str, env_state: dict[str, Any] | None) -> None:
                       f"env's own state, which {backend} cannot load): resume with --env-backend vector")
 
 
-def _encoded(value: Any) -> Any:
-    """A bit generator's state with its integers as strings (PCG64's are 128-bit: not a tensor, not JSON-safe)."""
-    if isinstance(value, dict):
-        return {key: _encoded(item) for key, item in value.items()}
-    return str(value) if isinstance(value, int) else value
-
-
-def _decoded(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {key: (item if key == "bit_generator" else _decoded(item)) for key, item in value.items()}
-    return int(value)
-
-
 class NativeEnvRecord:
     """``NativeVectorEnv.history``: what a checkpoint stores to rebuild the envs (``state``), and how
     (``restore``)."""
@@ -123,8 +114,8 @@ class NativeEnvRecord:
             "entry_point": venv.entry_point,
             "state": torch.from_numpy(np.array(env.state, np.float64)),
             "steps": torch.from_numpy(env.steps.astype(np.int64)),
+            "next_episode": torch.from_numpy(venv.next_episode.copy()),
             "reset_bounds": [float(env.low), float(env.high)],
-            "rng": _encoded(env.np_random.bit_generator.state),
             "episode_return": torch.from_numpy(venv.running_return.copy()),
             "episode_length": torch.from_numpy(venv.running_length.copy()),
         }
@@ -143,7 +134,7 @@ class NativeEnvRecord:
         env.steps = state["steps"].numpy().astype(env.steps.dtype)
         env.prev_done = np.zeros(venv.num_envs, bool)
         env.low, env.high = state["reset_bounds"]
-        env.np_random.bit_generator.state = _decoded(state["rng"])
+        venv.next_episode[:] = state["next_episode"].numpy()
         venv.running_return[:] = state["episode_return"].numpy()
         venv.running_length[:] = state["episode_length"].numpy()
 
@@ -161,14 +152,16 @@ class NativeVectorEnv:
         check_env_state("vector", env_state)
         self.cfg = cfg
         self.entry_point = native_entry_point(cfg)
-        self.seed = seed + env_offset
+        self.seed = seed
+        self.first = env_offset
+        """The global index of env 0 here (episode seeds)."""
         self.num_envs = batch = cfg.num_envs
         self.copy = copy
         self.restarts = 0  # nothing to restart: the envs live and die with this process
         self.env_errors = 0  # numpy physics: no env raises per step
         self.env = gym.make_vec(registered_spec(cfg.id).id, num_envs=batch,  # type: ignore[union-attr]
                                 vectorization_mode="vector_entry_point", **cfg.kwargs)
-        """The gymnasium vector env (its ``state``, ``steps``, ``np_random``: what a checkpoint holds)."""
+        """The gymnasium vector env (its ``state`` and ``steps`` go into checkpoints)."""
         self.single_observation_space = self.env.single_observation_space
         self.single_action_space = self.env.single_action_space
         obs_shape, obs_dtype = self.single_observation_space.shape, self.single_observation_space.dtype
@@ -187,6 +180,8 @@ class NativeVectorEnv:
         """[B] float64: the return of each env's running episode so far."""
         self.running_length = np.zeros(batch, np.int64)
         """[B] its steps so far."""
+        self.next_episode = np.zeros(batch, np.int64)
+        """[B] the index of the episode each env starts next (its seed: ``episode_seed``)."""
         self.history = NativeEnvRecord(self)
         self._pending_state = env_state
         self._seeded = False
@@ -194,17 +189,19 @@ class NativeVectorEnv:
         self._closed = False
 
     def reset(self) -> np.ndarray:
-        """Start every env (the first time seeded with ``seed + env_offset``; a resumed run's: where that run
-        stopped); the first observations."""
+        """Start every env on its next episode (a resumed run's: where that run stopped); the first
+        observations."""
         self._check_open()
         if self._pending_state is not None:
             self.history.restore(self._pending_state)
             self._pending_state = None
-            obs = self.env.state.T.astype(np.float32)
         else:
-            obs, _ = self.env.reset(seed=None if self._seeded else self.seed)
+            if not self._seeded:
+                self.env.reset(seed=self.seed)  # builds the env's arrays; every state is drawn below
+            self._start_episodes(np.arange(self.num_envs))
             self.running_return[:] = 0.0
             self.running_length[:] = 0
+        obs = self.env.state.T.astype(np.float32)
         self._seeded = True
         views = self._views
         views.obs[:] = obs
@@ -248,9 +245,7 @@ class NativeVectorEnv:
             views.episode_length[done] = self.running_length[done]
             self.running_return[done] = 0.0
             self.running_length[done] = 0
-            # What the env's own next step would do for them (CartPoleVectorEnv.step), done now.
-            env.state[:, done] = env.np_random.uniform(low=env.low, high=env.high, size=(4, int(done.sum())))
-            env.steps[done] = 0
+            self._start_episodes(np.flatnonzero(done))
             views.obs[done] = env.state[:, done].T
         env.prev_done[:] = False
         if self.copy:
@@ -260,6 +255,16 @@ class NativeVectorEnv:
     def step(self, actions: Any) -> StepResult:
         self.step_async(actions)
         return self.step_wait()
+
+    def _start_episodes(self, envs: np.ndarray) -> None:
+        """Start the next episode of each env of ``envs`` (rows): its state drawn as ``CartPoleEnv.reset(seed=
+        episode_seed(seed, i, k))`` draws it, from the generator that seed gives the single env."""
+        env = self.env
+        for row in envs.tolist():
+            rng, _ = seeding.np_random(episode_seed(self.seed, self.first + row, int(self.next_episode[row])))
+            env.state[:, row] = rng.uniform(low=env.low, high=env.high, size=(4,))
+        self.next_episode[envs] += 1
+        env.steps[envs] = 0
 
     def close(self) -> None:
         """Close the env (idempotent)."""

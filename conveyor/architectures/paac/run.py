@@ -17,11 +17,12 @@ step (lag 0), and every group samples its rows of one draw for all n_e
 observations with any G, as long as the model's forward gives each row the
 same numbers in a batch of n_e / G rows as in one of n_e (true of the MLP and
 the Nature CNN on the 2-core CPU measured; ``tests/test_paac_overlap.py``
-checks the MLP). Parameters agree to rounding, not bit for bit, for A2C: its
-gradient flows back through the acting forwards, and each weight's gradient
-summed over G x t_max forwards of n_e / G rows adds the same terms in another
-order than over t_max forwards of n_e (docs/design.md "PAAC env groups");
-PPO's, computed by forwards of its own, agree bit for bit. The preset leaves
+checks the MLP). Parameters agree bit for bit where the learner runs a forward
+of its own (PPO, and A2C with a small model: ``RunCfg.small_model``), to
+rounding only where A2C's gradient flows back through the acting forwards (a
+CNN's): each weight's gradient summed over G x t_max forwards of n_e / G rows
+adds the same terms in another order than over t_max forwards of n_e
+(docs/design.md "PAAC env groups"). The preset leaves
 groups off: on the 2-core CPU measured they were no faster on Pong, StepTime
 or CartPole (BENCHMARKS.md "PAAC env groups"; each step pays two forwards'
 fixed costs, and the forward competes with a stepping worker for the cores).
@@ -85,9 +86,12 @@ def run(cfg: RunCfg) -> dict[str, Any]:
                                            "gsde_steps": gsde and gsde.steps_state()})
         is_ppo = cfg.algo.name == "ppo"
         epochs, minibatches = (cfg.algo.ppo_epochs, cfg.algo.ppo_minibatches) if is_ppo else (1, 1)
-        # A2C's parameters stay fixed for the whole rollout: backpropagate through the acting forwards
-        # rather than run them again (PPO's later epochs need fresh forwards anyway).
-        reuse_graph = not is_ppo
+        # A2C's parameters stay fixed for the whole rollout, so its gradient may flow back through the acting
+        # forwards instead of a forward of its own. That saves a CNN's costly forward (Pong, 16 envs: 166-179 ms a
+        # rollout and update against 202-213 ms); a small model's forward costs less than backpropagating through
+        # T separate graphs, op by op (CartPole 128 envs: 4.7-5.6 ms against 4.8-6.6; MinAtar 16 envs: 8.0-8.3
+        # against 9.7-10.1). PPO's epochs need forwards of their own anyway.
+        reuse_graph = not is_ppo and not cfg.small_model
         draw = SharedDraw(sampler, len(groups))
         # Each group's rows of all envs (every rank's): it samples them from the draw for the whole batch.
         whole = run.dist is not None or len(groups) > 1
@@ -106,7 +110,8 @@ def run(cfg: RunCfg) -> dict[str, Any]:
                     with run.timer("act"):
                         acts[g] = act = policy_step(model, obs[g], draw.generator(g), keep_graph=reuse_graph,
                                                     rows=rows[g], gsde=gsde, envs=env_ids[g])
-                        outputs[t].append(act.out)
+                        if reuse_graph:
+                            outputs[t].append(act.out)
                     with run.timer("env"):
                         group.step_async(act.actions.cpu().numpy())
                     continue
@@ -128,16 +133,18 @@ def run(cfg: RunCfg) -> dict[str, Any]:
             last_obs = torch.cat(obs) if len(groups) > 1 else obs[0]
             with run.timer("learn"):
                 run.telemetry.add_lag(learner.version, storage.policy_version)
-                if reuse_graph:
-                    storage.insert_last(last_obs)
-                    with torch.no_grad():  # V(s_T) is only the bootstrap: no gradient flows into it
-                        bootstrap = model(last_obs.unsqueeze(0))
-                    out = ModelOut.cat_time([ModelOut.cat_envs(parts) for parts in outputs] + [bootstrap])
-                    metrics = learner.update(storage.batch(), out)
-                else:  # PPO's advantages need V(s_T) under the acting parameters
+                if is_ppo:  # PPO's advantages need V(s_T) under the acting parameters
                     storage.insert_last(last_obs, values_of(model, last_obs))
                     batch, steps = ppo.epoch_batch(cfg, bool(model.lstm_size), storage.batch())
                     metrics = learner.update_epochs(batch, epochs, minibatches, sampler, steps=steps)
+                else:
+                    storage.insert_last(last_obs)
+                    out = None  # the learner's forward on all T + 1 steps
+                    if reuse_graph:
+                        with torch.no_grad():  # V(s_T) is only the bootstrap: no gradient flows into it
+                            bootstrap = model(last_obs.unsqueeze(0))
+                        out = ModelOut.cat_time([ModelOut.cat_envs(parts) for parts in outputs] + [bootstrap])
+                    metrics = learner.update(storage.batch(), out)
                 kept = int(storage.valid.sum())
                 run.telemetry.add_steps(kept)
                 if venv.restarts > restarts_before:
