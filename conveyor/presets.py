@@ -453,18 +453,20 @@ ALGO_FAMILY: dict[tuple[str, str], dict[str, Any]] = {
 ARCH_ALGO_FAMILY: dict[tuple[str, str, str], dict[str, Any]] = {
     ("paac", "a2c", "classic-discrete"): {  # soonest to 475 in wall-clock: fewer, larger updates (PAAC fig. 3's
         # n_e axis). On the vector backend (CartPole's env steps cost little) paac/a2c CartPole-v1 seeds 0-8 with
-        # 128 envs at lr 1e-2 reach 475 at 156k-278k steps, median 3.9 s of training (2.9-5.3 s), where 64 envs at
-        # 6e-3 (seeds 0-4) took 142k-226k steps and a median 6.7 s, 64 at 1e-2 6.1 s, 128 at 6e-3 5.5 s, 96 at 1e-2
-        # 4.4 s (seeds 5-8), 128 at 1.3e-2 failed seed 5; 256 envs took 356k-550k steps (docs/benchmarks-log.md
-        # "Fastest to a trained agent", 2026-11-28 round 2). On single envs 16 envs at lr 2e-3 took 2x 64's time.
+        # 128 envs at lr 1e-2 reach 475 at 156k-278k steps, median 4.4 s of the run (3.5-6.1 s), where 64 envs at
+        # 6e-3 (seeds 0-4) took 142k-226k steps and a median 7.7 s, 64 at 1e-2 7.0 s, 128 at 6e-3 6.3 s, 96 at 1e-2
+        # 5.0 s (seeds 5-8), 128 at 1.3e-2 missed with seed 5; 256 envs took 356k-550k steps
+        # (benchmarks/preset_sweep.py, benchmarks/results/preset_sweep.csv; docs/benchmarks-log.md "Fastest to a
+        # trained agent, round 2"). On single envs 16 envs at lr 2e-3 took 2x 64's time.
         "env.num_envs": 128,  # source: tuned here: as above
         "algo.lr": 1e-2,  # source: tuned here: as above (the lr grows with the batch, PAAC section 5.1: 0.0007 n_e)
     },
-    ("seed", "vtrace", "classic-discrete"): {  # soonest to 475 in wall-clock: each actor's round trip to the
-        # inference server carries 64 envs, not 4. seed/vtrace CartPole-v1 seeds 0-2: 475 at 324k/436k/393k steps in
-        # 34/43/37 s of training (9.5k-10.6k SPS), where the vtrace/classic-discrete 8 envs, batch 16, lr 2e-3 took
-        # 210k steps in 112 s (1.9k SPS); 32 envs, batch 32, 2e-3: 74 s; 64/64/3e-3: 56 s; 64/32/3e-3: 39 s (seed 0)
-        # (docs/benchmarks-log.md "Fastest to a trained agent", 2026-11-28 round 2)
+    ("seed", "vtrace", "classic-discrete"): {  # soonest to 475 in wall-clock: each of the 2 local actors steps
+        # 128 envs (num_envs is per actor) and sends them in one round trip to the inference server, not 8.
+        # seed/vtrace CartPole-v1 seeds 0-2: 475 at 324k/436k/393k steps in 34/43/37 s of the run (9.5k-10.6k SPS),
+        # where the vtrace/classic-discrete 8 envs, batch 16, lr 2e-3 took 210k steps in 112 s (1.9k SPS); 32
+        # envs, batch 32, 2e-3: 73 s; 64/64/3e-3: 56 s; 64/32/3e-3: 39 s (seed 0; benchmarks/preset_sweep.py,
+        # benchmarks/results/preset_sweep.csv; docs/benchmarks-log.md "Fastest to a trained agent, round 2")
         "env.num_envs": 128,  # source: tuned here: as above
         "arch.batch_size": 64,  # source: tuned here: as above
         "algo.lr": 4e-3,  # source: tuned here: as above
