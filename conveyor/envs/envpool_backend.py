@@ -33,7 +33,7 @@ import numpy as np
 from conveyor.config import EnvCfg
 from conveyor.errors import ConfigError
 from conveyor.envs.atari import SCREEN_SIZE
-from conveyor.envs.vector_api import StepResult
+from conveyor.envs.vector_api import InProcessBackend, StepResult
 
 _ATARI_FRAMES_PER_EPISODE = 108_000  # ALE v5's max_num_frames_per_episode
 # env_args the envpool Atari config understands under the same name as ALE's, with the type it insists on.
@@ -90,13 +90,14 @@ def _task(cfg: EnvCfg) -> tuple[str, dict[str, Any], bool]:
                       "use --env-backend shm")
 
 
-class EnvpoolVectorEnv:
+class EnvpoolVectorEnv(InProcessBackend):
     """``cfg.num_envs`` envs in one envpool (``cfg.num_workers`` threads), same API as ``ShmVectorEnv``."""
 
     def __init__(self, cfg: EnvCfg, seed: int, *, copy: bool = True, env_offset: int = 0) -> None:
         """``env_offset``: the global index of env 0 here (a data-parallel rank's share of the envs)."""
         import envpool
 
+        super().__init__()
         task, options, self.is_atari = _task(cfg)
         batch = cfg.num_envs
         try:
@@ -113,22 +114,12 @@ class EnvpoolVectorEnv:
         self.single_action_space = self._pool.action_space
         self._action_dtype = np.int32 if isinstance(self.single_action_space, gym.spaces.Discrete) else \
             self.single_action_space.dtype
-        obs_shape, obs_dtype = self.single_observation_space.shape, self.single_observation_space.dtype
-        self._views = StepResult(
-            obs=np.zeros((batch, *obs_shape), obs_dtype),
-            reward=np.zeros(batch, np.float32),
-            terminated=np.zeros(batch, bool),
-            truncated=np.zeros(batch, bool),
-            final_obs=np.zeros((batch, *obs_shape), obs_dtype),
-            episode_return=np.full(batch, np.nan),
-            episode_length=np.zeros(batch, np.int64),
-            restarted=np.zeros(batch, bool),  # envpool's threads live in this process: nothing to restart
-        )
+        # restarted stays False: envpool's threads live in this process, nothing to restart
+        self._views = StepResult.buffers(batch, self.single_observation_space)
         self._running_return = np.zeros(batch)
         self._running_length = np.zeros(batch, np.int64)
         self._reset_actions = np.zeros((batch, *self.single_action_space.shape), self._action_dtype)
-        self._stepping = False
-        self._closed = False
+        self._actions_shape = self._reset_actions.shape
         self.restarts = 0  # envpool's threads live in this process: nothing to restart
         self.history = None  # envpool cannot replay actions into a fresh env
 
@@ -145,19 +136,10 @@ class EnvpoolVectorEnv:
         self._running_length[:] = 0
         return views.obs.copy() if self.copy else views.obs
 
-    def step_async(self, actions: Any) -> None:
-        self._check_open()
-        if self._stepping:
-            raise RuntimeError("step_async() called twice: call step_wait() before the next step_async()")
-        if np.shape(actions) != self._reset_actions.shape:
-            raise ValueError(f"actions have shape {np.shape(actions)}, expected {self._reset_actions.shape}")
+    def _take(self, actions: Any) -> None:
         self._pool.send(np.asarray(actions, self._action_dtype))
-        self._stepping = True
 
-    def step_wait(self) -> StepResult:
-        if not self._stepping:
-            raise RuntimeError("step_wait() called without step_async()")
-        self._stepping = False
+    def _step(self) -> StepResult:
         obs, reward, terminated, truncated, info = self._pool.recv()
         ids = info["env_id"]
         views = self._views
@@ -188,21 +170,5 @@ class EnvpoolVectorEnv:
             return StepResult(*(array.copy() for array in views))
         return views
 
-    def step(self, actions: Any) -> StepResult:
-        self.step_async(actions)
-        return self.step_wait()
-
-    def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self._pool.close()
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise RuntimeError("vector env unusable: the vector env is closed")
-
-    def __enter__(self) -> EnvpoolVectorEnv:
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self.close()
+    def _release(self) -> None:
+        self._pool.close()

@@ -43,16 +43,17 @@ from conveyor.envs.shm_worker import (
     env_worker_layout,
     read_message,
 )
-from conveyor.envs.vector_api import ObsShapeError, StepResult
+from conveyor.envs.vector_api import InProcessBackend, ObsShapeError, StepResult
 from conveyor.errors import WorkerFailure, error_line
 
 
-class InProcessVectorEnv:
+class InProcessVectorEnv(InProcessBackend):
     """``cfg.num_envs`` envs stepped in this process (see the module docstring); the ``VectorEnv`` protocol."""
 
     def __init__(self, cfg: EnvCfg, seed: int, spaces: tuple[gym.Space, gym.Space], *, gamma: float | None = None,
                  copy: bool = True, env_state: dict[str, Any] | None = None, env_offset: int = 0) -> None:
         """``spaces``: the env's (observation, action) spaces, checked by the caller (``make_vector_env``)."""
+        super().__init__()
         self.cfg = cfg
         self.num_envs = cfg.num_envs
         self.copy = copy
@@ -72,8 +73,7 @@ class InProcessVectorEnv:
                                  arrays["final_obs"], arrays["episode_return"], arrays["episode_length"],
                                  self._restarted)
         self._actions = arrays["actions"]
-        self._pending = False
-        self._closed = False
+        self._actions_shape = self._actions.shape
 
     @property
     def env_errors(self) -> int:
@@ -90,22 +90,10 @@ class InProcessVectorEnv:
             self.history.start_games(slice(None))
         return self._views.obs.copy() if self.copy else self._views.obs
 
-    def step_async(self, actions: Any) -> None:
-        """Take ``actions`` ``[B, *action_shape]``; the envs step in ``step_wait``."""
-        self._check_open()
-        if self._pending:
-            raise RuntimeError("step_async() called twice: call step_wait() before the next step_async()")
-        expected = self._actions.shape
-        if np.shape(actions) != expected:
-            raise ValueError(f"actions have shape {np.shape(actions)}, expected {expected}")
+    def _take(self, actions: Any) -> None:
         self._actions[...] = actions
-        self._pending = True
 
-    def step_wait(self) -> StepResult:
-        """Step every env with the actions of ``step_async``; the ``StepResult``."""
-        if not self._pending:
-            raise RuntimeError("step_wait() called without step_async()")
-        self._pending = False
+    def _step(self) -> StepResult:
         reply = self._call(self._worker.step, "stepping")
         views = self._views
         self.history.record(self._actions, views.terminated | views.truncated, self._arrays["new_game"])
@@ -117,25 +105,8 @@ class InProcessVectorEnv:
             return StepResult(*(array.copy() for array in views))
         return views
 
-    def step(self, actions: Any) -> StepResult:
-        self.step_async(actions)
-        return self.step_wait()
-
-    def close(self) -> None:
-        """Close the envs (idempotent)."""
-        if not self._closed:
-            self._closed = True
-            self._worker.close()
-
-    def __enter__(self) -> InProcessVectorEnv:
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self.close()
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise RuntimeError("vector env unusable: the vector env is closed")
+    def _release(self) -> None:
+        self._worker.close()
 
     def _call(self, command: Callable[[], bytes], action: str) -> bytes:
         """Run the worker's ``command``; its failures as the shm backend reports its workers' (one line)."""

@@ -46,7 +46,7 @@ from conveyor.config import EnvCfg
 from conveyor.errors import ConfigError
 from conveyor.envs.gym_api import registered_spec
 from conveyor.envs.make import episode_seed
-from conveyor.envs.vector_api import StepResult
+from conveyor.envs.vector_api import InProcessBackend, StepResult
 
 CARTPOLE_VECTOR_ENV = "gymnasium.envs.classic_control.cartpole:CartPoleVectorEnv"
 NATIVE_VECTOR_ENVS = {CARTPOLE_VECTOR_ENV: ("max_episode_steps", "sutton_barto_reward")}
@@ -139,13 +139,14 @@ class NativeEnvRecord:
         venv.running_length[:] = state["episode_length"].numpy()
 
 
-class NativeVectorEnv:
+class NativeVectorEnv(InProcessBackend):
     """``cfg.num_envs`` envs in one gymnasium vector env, stepped in this process with same-step auto-reset (see
     the module docstring); the ``VectorEnv`` protocol."""
 
     def __init__(self, cfg: EnvCfg, seed: int, *, copy: bool = True, env_state: dict[str, Any] | None = None,
                  env_offset: int = 0) -> None:
         """``env_offset``: the global index of env 0 here (a data-parallel rank's share of a run's envs)."""
+        super().__init__()
         refusal = native_vector_refusal(cfg)
         if refusal:
             raise ConfigError(refusal)
@@ -164,18 +165,9 @@ class NativeVectorEnv:
         """The gymnasium vector env (its ``state`` and ``steps`` go into checkpoints)."""
         self.single_observation_space = self.env.single_observation_space
         self.single_action_space = self.env.single_action_space
-        obs_shape, obs_dtype = self.single_observation_space.shape, self.single_observation_space.dtype
-        self._views = StepResult(
-            obs=np.zeros((batch, *obs_shape), obs_dtype),
-            reward=np.zeros(batch, np.float32),
-            terminated=np.zeros(batch, bool),
-            truncated=np.zeros(batch, bool),
-            final_obs=np.zeros((batch, *obs_shape), obs_dtype),
-            episode_return=np.full(batch, np.nan),
-            episode_length=np.zeros(batch, np.int64),
-            restarted=np.zeros(batch, bool),  # never set: no worker dies here
-        )
+        self._views = StepResult.buffers(batch, self.single_observation_space)  # restarted stays False: no worker
         self._actions = np.zeros((batch, *self.single_action_space.shape), self.single_action_space.dtype)
+        self._actions_shape = self._actions.shape
         self.running_return = np.zeros(batch)
         """[B] float64: the return of each env's running episode so far."""
         self.running_length = np.zeros(batch, np.int64)
@@ -185,8 +177,6 @@ class NativeVectorEnv:
         self.history = NativeEnvRecord(self)
         self._pending_state = env_state
         self._seeded = False
-        self._stepping = False
-        self._closed = False
 
     def reset(self) -> np.ndarray:
         """Start every env on its next episode (a resumed run's: where that run stopped); the first
@@ -211,23 +201,13 @@ class NativeVectorEnv:
         views.episode_length[:] = 0
         return views.obs.copy() if self.copy else views.obs
 
-    def step_async(self, actions: Any) -> None:
-        """Take ``actions`` ``[B, *action_shape]``; the envs step in ``step_wait``."""
-        self._check_open()
-        if self._stepping:
-            raise RuntimeError("step_async() called twice: call step_wait() before the next step_async()")
-        if np.shape(actions) != self._actions.shape:
-            raise ValueError(f"actions have shape {np.shape(actions)}, expected {self._actions.shape}")
+    def _take(self, actions: Any) -> None:
         if not self._seeded:
             raise RuntimeError("step_async() called before reset()")
         self._actions[...] = actions
-        self._stepping = True
 
-    def step_wait(self) -> StepResult:
-        """Step every env with the actions of ``step_async`` and reset the finished ones; the ``StepResult``."""
-        if not self._stepping:
-            raise RuntimeError("step_wait() called without step_async()")
-        self._stepping = False
+    def _step(self) -> StepResult:
+        """Step every env and reset the finished ones."""
         env, views = self.env, self._views
         obs, reward, terminated, truncated, _ = env.step(self._actions)
         views.obs[:] = obs
@@ -252,10 +232,6 @@ class NativeVectorEnv:
             return StepResult(*(array.copy() for array in views))
         return views
 
-    def step(self, actions: Any) -> StepResult:
-        self.step_async(actions)
-        return self.step_wait()
-
     def _start_episodes(self, envs: np.ndarray) -> None:
         """Start the next episode of each env of ``envs`` (rows): its state drawn as ``CartPoleEnv.reset(seed=
         episode_seed(seed, i, k))`` draws it, from the generator that seed gives the single env."""
@@ -266,21 +242,8 @@ class NativeVectorEnv:
         self.next_episode[envs] += 1
         env.steps[envs] = 0
 
-    def close(self) -> None:
-        """Close the env (idempotent)."""
-        if not self._closed:
-            self._closed = True
-            self.env.close()
-
-    def __enter__(self) -> NativeVectorEnv:
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self.close()
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise RuntimeError("vector env unusable: the vector env is closed")
+    def _release(self) -> None:
+        self.env.close()
 
 
 def measure_native_step_us(cfg: EnvCfg, seed: int, *, rounds: int = 5, steps: int = 40) -> float:

@@ -44,12 +44,81 @@ class StepResult(NamedTuple):
     """[B] bool: env i's worker died during this step and was restarted: the transition is lost, ``obs[i]``
     starts a new episode and no other field of row i is meaningful."""
 
+    @classmethod
+    def buffers(cls, batch: int, obs_space: gym.Space) -> StepResult:
+        """Zeroed arrays for ``batch`` envs of ``obs_space`` (``episode_return`` NaN: no episode ended), which a
+        backend that steps in this process fills step after step."""
+        shape, dtype = obs_space.shape, obs_space.dtype
+        return cls(obs=np.zeros((batch, *shape), dtype), reward=np.zeros(batch, np.float32),
+                   terminated=np.zeros(batch, bool), truncated=np.zeros(batch, bool),
+                   final_obs=np.zeros((batch, *shape), dtype), episode_return=np.full(batch, np.nan),
+                   episode_length=np.zeros(batch, np.int64), restarted=np.zeros(batch, bool))
+
 
 
 class EnvRecord(Protocol):
     """What a checkpoint keeps of a vector env's envs to rebuild them (``EnvHistory``, ``NativeEnvRecord``)."""
 
     def state(self) -> dict[str, Any]: ...
+
+
+class InProcessBackend:
+    """The stepping discipline of the backends whose envs step in this process (``InProcessVectorEnv``,
+    ``NativeVectorEnv``, ``EnvpoolVectorEnv``): ``step_async`` checks and takes the actions, ``step_wait`` steps
+    them, ``close`` is idempotent. A subclass sets ``_actions_shape`` and implements ``_take(actions)``,
+    ``_step() -> StepResult`` and ``_release()``."""
+
+    _actions_shape: tuple[int, ...]
+
+    def __init__(self) -> None:
+        self._stepping = False
+        self._closed = False
+
+    def step_async(self, actions: Any) -> None:
+        """Take ``actions`` ``[B, *action_shape]``; the envs step in ``step_wait``."""
+        self._check_open()
+        if self._stepping:
+            raise RuntimeError("step_async() called twice: call step_wait() before the next step_async()")
+        if np.shape(actions) != self._actions_shape:
+            raise ValueError(f"actions have shape {np.shape(actions)}, expected {self._actions_shape}")
+        self._take(actions)
+        self._stepping = True
+
+    def step_wait(self) -> StepResult:
+        """Step every env with the actions of ``step_async``; the ``StepResult``."""
+        if not self._stepping:
+            raise RuntimeError("step_wait() called without step_async()")
+        self._stepping = False
+        return self._step()
+
+    def step(self, actions: Any) -> StepResult:
+        self.step_async(actions)
+        return self.step_wait()
+
+    def close(self) -> None:
+        """Close the envs (idempotent)."""
+        if not self._closed:
+            self._closed = True
+            self._release()
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("vector env unusable: the vector env is closed")
+
+    def _take(self, actions: Any) -> None:
+        raise NotImplementedError
+
+    def _step(self) -> StepResult:
+        raise NotImplementedError
+
+    def _release(self) -> None:
+        raise NotImplementedError
 
 
 class VectorEnv(Protocol):
