@@ -467,9 +467,14 @@ ARCH_ALGO_FAMILY: dict[tuple[str, str, str], dict[str, Any]] = {
         # where the vtrace/classic-discrete 8 envs, batch 16, lr 2e-3 took 210k steps in 112 s (1.9k SPS); 32
         # envs, batch 32, 2e-3: 73 s; 64/64/3e-3: 56 s; 64/32/3e-3: 39 s (seed 0; benchmarks/preset_sweep.py,
         # benchmarks/results/preset_sweep.csv; docs/benchmarks-log.md "Fastest to a trained agent, round 2")
-        "env.num_envs": 128,  # source: tuned here: as above
-        "arch.batch_size": 64,  # source: tuned here: as above
-        "algo.lr": 4e-3,  # source: tuned here: as above
+        # A recurrent core keeps vtrace/classic-discrete's 8 envs, batch 16, lr 2e-3, with which an LSTM learns
+        # conveyor/Memory-v0 within 6,000 steps (tests/test_recurrent_actor_critic.py); 256 envs take 23 steps each.
+        "env.num_envs": Derived("128 without an LSTM core, else 8",  # source: tuned here: as above
+                                lambda cfg: 8 if cfg.model.lstm_size else 128),
+        "arch.batch_size": Derived("64 without an LSTM core, else 16",  # source: tuned here: as above
+                                   lambda cfg: 16 if cfg.model.lstm_size else 64),
+        "algo.lr": Derived("4e-3 without an LSTM core, else 2e-3",  # source: tuned here: as above
+                           lambda cfg: 2e-3 if cfg.model.lstm_size else 4e-3),
     },
 }
 

@@ -358,7 +358,8 @@ def test_learning_env_with_an_eval_protocol_evaluates_the_final_policy_in_it(tmp
     protocol = (("sutton_barto_reward", True),)
     env = LearningEnv("CartPole-v1", 1000, 475.0, 60.0, runs=(("paac", "a2c", ""),), eval_episodes=3,
                       eval_env_args=protocol)
-    flags = ("--arch", "paac", "--algo", "a2c", "--env", "CartPole-v1", "--seed", "1", "--total-steps", "1000")
+    flags = ("--arch", "paac", "--algo", "a2c", "--env", "CartPole-v1", "--seed", "1", "--total-steps", "1000",
+             "--num-envs", "16")  # 80 steps a rollout: checkpoints at 400, 800 and the end
     cfg = dataclasses.replace(train_config(flags), time_limit_s=60.0, progress=False, torch_threads=1)
     # Checkpoints every 400 steps: the evaluation plays only the final one, as the learning suite asks.
     cfg = dataclasses.replace(cfg, checkpoint_every=400)

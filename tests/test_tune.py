@@ -178,7 +178,8 @@ def test_a_trial_whose_tuner_died_runs_again_once(tmp_path):
 @pytest.mark.slow
 def test_study_completes_resumes_after_sigint_and_best_toml_runs(tmp_path):
     out = tmp_path / "study"
-    command = tune_command(out, "--trials", "4", "--steps", "30000")
+    # 300k steps: trial 1 must still be running when it is interrupted (CartPole steps at 10k-50k SPS here)
+    command = tune_command(out, "--trials", "4", "--steps", "300000")
     tuner = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics = out / "trial-1" / "metrics.csv"  # trial 1 is running: interrupt it
     deadline = time.monotonic() + 240
@@ -217,7 +218,7 @@ def test_study_completes_resumes_after_sigint_and_best_toml_runs(tmp_path):
     ran = json.loads((Path(best.user_attrs["run_dir"]) / "config.json").read_text())
     assert cfg.algo.lr == ran["algo"]["lr"] == best.params["lr"]
     assert cfg.env.num_envs == ran["env"]["num_envs"] and cfg.arch.unroll == ran["arch"]["unroll"]
-    assert cfg.total_steps == 30000 and cfg.target_return is None, "best.toml stops at the env's threshold"
+    assert cfg.total_steps == 300000 and cfg.target_return is None, "best.toml stops at the env's threshold"
 
 
 @pytest.mark.slow
