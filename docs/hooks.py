@@ -28,7 +28,7 @@ IMAGE = re.compile(r'!\[[^\]]*\]\(([^)\s#]+)')
 # Repository files that are pages of the site under another name.
 PAGE_OF = {"README.md": "index.md", "BENCHMARKS.md": "reproduce.md"}
 # Files whose images outside docs/ the site copies (benchmarks/results/**/*.png), relative to the repository.
-IMAGE_SOURCES = ("docs/benchmarks-log.md",)
+IMAGE_SOURCES = ("docs/benchmarks-log.md", "BENCHMARKS.md")
 
 
 def _section(text: str, heading: str, source: Path) -> str:

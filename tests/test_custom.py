@@ -77,7 +77,7 @@ def test_presets_of_an_env_of_your_own_from_the_conveyor_script():
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0] == f"# paac/a2c on {CORRIDOR} (family classic-discrete)"
-    assert "algo.lr = 0.006  preset(paac/a2c/classic-discrete)" in lines
+    assert "algo.lr = 0.01  preset(paac/a2c/classic-discrete)" in lines
 
 
 class BadDtype(Corridor):

@@ -68,7 +68,7 @@ def a2c_runs(tmp_path_factory) -> dict[str, Path | str]:
     """The issue's command, shortened (PAAC A2C on CartPole, 8 envs in all): on 2 ranks of 4 envs, on 1 rank,
     and in one process without torchrun, which must not touch torch.distributed. Started together."""
     root = tmp_path_factory.mktemp("dp")
-    # lr 2e-3 (the 16-env rate): with the 64-env preset's 6e-3, the ranks' rounding (their gradients are summed
+    # lr 2e-3 (the 16-env rate): with the 128-env preset's 1e-2, the ranks' rounding (their gradients are summed
     # in another order) grows into another sampled action within 800 steps
     flags = ("--arch", "paac", "--algo", "a2c", "--total-steps", "800", "--lr", "0.002")
     two, one = torchrun(root / "two-ranks", *flags), torchrun(root / "one-rank", *flags, nproc=1)

@@ -352,7 +352,7 @@ def test_hts_ppo_learns_step_time(tmp_path):
 @pytest.mark.parametrize("algo, slack", [("a2c", 1.25), ("ppo", 1.5)])
 def test_hts_reaches_the_cartpole_threshold_in_about_as_many_steps_as_paac(tmp_path, algo, slack):
     """Same model, loss, settings and batch, so that only the architecture differs: A2C at 16 envs x 5 steps and
-    lr 2e-3 (HTS's preset; PAAC's own takes 64 envs at 6e-3), PPO with the presets both share (rl-zoo's CartPole
+    lr 2e-3 (HTS's preset; PAAC's own takes 128 envs at 1e-2), PPO with the presets both share (rl-zoo's CartPole
     recipe, 16 envs x 32 steps). A2C: HTS's delayed gradient costs no sample efficiency (medians 188k vs 173k
     steps; README, hts section). PPO learns from data one round old, and its clip counts the previous round's
     change against it (the authors' form, ``actors.lagged_ppo_update``), so a wider bound."""

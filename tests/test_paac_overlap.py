@@ -28,7 +28,7 @@ ENVS, WORKERS, UNROLL = 8, 2, 8
 
 
 def cfg_for(tmp_path, groups: int, algo: str = "a2c", total_steps: int = 1600, **overrides) -> RunCfg:
-    # A2C at lr 2e-3 (the 16-env rate): with the 64-env preset's 6e-3 the groups' rounding grows into another
+    # A2C at lr 2e-3 (the 16-env rate): with the 128-env preset's 1e-2 the groups' rounding grows into another
     # sampled action within 1600 steps
     base = dict(env=EnvCfg(id="CartPole-v1", num_envs=ENVS, num_workers=WORKERS, backend="shm"),  # auto: vector
                 algo=AlgoCfg(name=algo, lr=2e-3 if algo == "a2c" else None),
@@ -219,7 +219,7 @@ def test_two_ranks_with_groups_end_as_one_process_without_them(tmp_path):
     envs samples (the same episodes) and end with its parameters to rounding."""
     from tests.test_distributed import finished, summary, torchrun
 
-    # lr 2e-3, as in tests/test_distributed.py's rounding tests: the 64-env preset's 6e-3 grows rounding into
+    # lr 2e-3, as in tests/test_distributed.py's rounding tests: the 128-env preset's 1e-2 grows rounding into
     # another sampled action within 800 steps
     proc = torchrun(tmp_path / "two", "--arch", "paac", "--algo", "a2c", "--num-workers", "2", "--env-groups", "2",
                     "--total-steps", "800", "--lr", "0.002", "--env-backend", "shm")

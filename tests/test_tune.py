@@ -71,7 +71,7 @@ def test_config_file_sits_between_flags_and_presets(tmp_path, capsys):
 
     assert main(["presets", "--config", str(path)]) == 0
     shown = capsys.readouterr().out
-    assert f"algo.lr = 0.0012  config({path}) over preset(paac/a2c/classic-discrete) 0.006" in shown
+    assert f"algo.lr = 0.0012  config({path}) over preset(paac/a2c/classic-discrete) 0.01" in shown
     assert "algo.gamma = 0.99  preset(base)" in shown
 
 
