@@ -449,6 +449,11 @@ ALGO_FAMILY: dict[tuple[str, str], dict[str, Any]] = {
     },
 }
 
+def _recurrent_vtrace(cfg: Any, key: str, feed_forward: Any) -> Any:
+    """seed/vtrace's classic-discrete ``key``: ``feed_forward`` without an LSTM core, else vtrace/classic-discrete's."""
+    return ALGO_FAMILY[("vtrace", "classic-discrete")][key] if cfg.model.lstm_size else feed_forward
+
+
 # Where one architecture's run of an algorithm wants other values than the others' (a layer above ALGO_FAMILY).
 ARCH_ALGO_FAMILY: dict[tuple[str, str, str], dict[str, Any]] = {
     ("paac", "a2c", "classic-discrete"): {  # soonest to 475 in wall-clock: fewer, larger updates (PAAC fig. 3's
@@ -469,12 +474,12 @@ ARCH_ALGO_FAMILY: dict[tuple[str, str, str], dict[str, Any]] = {
         # benchmarks/results/preset_sweep.csv; docs/benchmarks-log.md "Fastest to a trained agent, round 2")
         # A recurrent core keeps vtrace/classic-discrete's 8 envs, batch 16, lr 2e-3, with which an LSTM learns
         # conveyor/Memory-v0 within 6,000 steps (tests/test_recurrent_actor_critic.py); 256 envs take 23 steps each.
-        "env.num_envs": Derived("128 without an LSTM core, else 8",  # source: tuned here: as above
-                                lambda cfg: 8 if cfg.model.lstm_size else 128),
-        "arch.batch_size": Derived("64 without an LSTM core, else 16",  # source: tuned here: as above
-                                   lambda cfg: 16 if cfg.model.lstm_size else 64),
-        "algo.lr": Derived("4e-3 without an LSTM core, else 2e-3",  # source: tuned here: as above
-                           lambda cfg: 2e-3 if cfg.model.lstm_size else 4e-3),
+        "env.num_envs": Derived("128 without an LSTM core, else vtrace/classic-discrete's",  # source: tuned here
+                                lambda cfg: _recurrent_vtrace(cfg, "env.num_envs", 128)),
+        "arch.batch_size": Derived("64 without an LSTM core, else vtrace/classic-discrete's",  # source: tuned here
+                                   lambda cfg: _recurrent_vtrace(cfg, "arch.batch_size", 64)),
+        "algo.lr": Derived("4e-3 without an LSTM core, else vtrace/classic-discrete's",  # source: tuned here
+                           lambda cfg: _recurrent_vtrace(cfg, "algo.lr", 4e-3)),
     },
 }
 

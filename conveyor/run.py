@@ -35,7 +35,7 @@ from torch import nn
 from conveyor import algos, presets
 from conveyor.config import ENV_BACKEND_CHOICE, RunCfg, check_resume, recorded_config
 from conveyor.envs.inproc import BackendChoice, choose_backend
-from conveyor.envs.native_vector import check_env_state, is_native_state
+from conveyor.envs.native_vector import check_env_state, loads_natively
 from conveyor.errors import ConfigError, StoppedWhileStarting, WorkerFailure
 from conveyor.files import lock_run_dir, open_append, write_text_atomic
 from conveyor.learner import Learner, LossFn, checkpoint_name, load_latest_checkpoint
@@ -116,7 +116,7 @@ def resolve_env_backend(cfg: RunCfg, env_state: Any = None) -> tuple[RunCfg, Bac
     if cfg.arch.name == "paac" and cfg.arch.env_groups > 1:
         choice = BackendChoice("shm", math.nan, f"--env-groups {cfg.arch.env_groups} steps groups of worker processes")
     else:
-        choice = choose_backend(cfg.env, cfg.seed, native=env_state is None or is_native_state(env_state))
+        choice = choose_backend(cfg.env, cfg.seed, native=loads_natively(env_state))
     return dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, backend=choice.backend)), choice
 
 

@@ -83,6 +83,11 @@ def is_native_state(env_state: dict[str, Any] | None) -> bool:
     return isinstance(env_state, dict) and env_state.get("kind") == NATIVE_STATE_KIND
 
 
+def loads_natively(env_state: dict[str, Any] | None) -> bool:
+    """Whether the ``vector`` backend can start from a run's ``env_state``: none (a new run), or one of its own."""
+    return env_state is None or is_native_state(env_state)
+
+
 def check_env_state(backend: str, env_state: dict[str, Any] | None) -> None:
     """Refuse in one line to rebuild envs on ``backend`` from a checkpoint's ``env_state`` made on a backend that
     stores envs the other way (the native vector env's own state, or an action history)."""

@@ -62,7 +62,7 @@ from conveyor.envs.envpool_backend import EnvpoolVectorEnv
 from conveyor.envs.history import EnvHistory
 from conveyor.envs.inproc import InProcessVectorEnv, choose_backend
 from conveyor.envs.make import env_spaces
-from conveyor.envs.native_vector import NativeVectorEnv, check_env_state, is_native_state
+from conveyor.envs.native_vector import NativeVectorEnv, check_env_state, loads_natively
 from conveyor.envs.shm_worker import (
     CMD_CLOSE,
     CMD_RESET,
@@ -104,7 +104,7 @@ def make_vector_env(cfg: EnvCfg, seed: int, *, gamma: float | None = None, copy:
     """
     backend = cfg.backend
     if backend == "auto":  # a checkpoint's action history: only inproc and shm replay it
-        backend = choose_backend(cfg, seed, native=env_state is None or is_native_state(env_state)).backend
+        backend = choose_backend(cfg, seed, native=loads_natively(env_state)).backend
     if backend == "vector":
         return NativeVectorEnv(cfg, seed, copy=copy, env_state=env_state, env_offset=env_offset)
     check_env_state(backend, env_state)
