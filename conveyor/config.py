@@ -221,7 +221,7 @@ class EnvCfg:
     """Vectorized stepping backend: ``shm`` (worker processes over shared memory), ``inproc`` (the envs one after
     another in the process that acts: no round trip, for envs that step in microseconds), ``envpool`` (C++
     threads), ``vector`` (gymnasium's own vectorized env, CartPole's: all envs in a few numpy operations in the
-    process that acts; no normalize_reward, only the vector env's own env_args), or ``auto``: ``vector`` where
+    process that acts; only the vector env's own env_args), or ``auto``: ``vector`` where
     the env has one and the config allows it, else ``inproc`` or ``shm`` from the env's step time measured at the
     start of the run (the choice is printed and recorded in config.json; ``--env-groups`` > 1 needs ``shm``)."""
     env_args: tuple[tuple[str, Any], ...] = ()
@@ -238,7 +238,8 @@ class EnvCfg:
     """Atari: clip training rewards to their sign (reported returns are unclipped)."""
     normalize_reward: bool | None = None
     """Scale training rewards by a running std of each env's discounted return (discount: the run's gamma), clipped
-    to [-10, 10] (gymnasium ``NormalizeReward``); reported returns stay in env units. Not with ``envpool``."""
+    to [-10, 10] (gymnasium ``NormalizeReward``; the ``vector`` backend's own ``RewardScale`` does the same);
+    reported returns stay in env units. Not with ``envpool``."""
     max_env_errors: int = 10
     """An env that raises is reset and logged up to this many times per run, then the run stops."""
     max_restarts: int = 10
@@ -260,9 +261,9 @@ class EnvCfg:
                               "steps after which an episode is cut off): pass e.g. max_episode_steps=500")
         _choice("env backend", self.backend, ENV_BACKENDS)
         _choice("env family", self.family, FAMILIES)
-        if self.normalize_reward and self.backend in ("envpool", "vector"):
-            raise ConfigError("normalize_reward runs in conveyor's own env loop: use --env-backend shm, inproc or "
-                              "auto, or drop --normalize-reward")
+        if self.normalize_reward and self.backend == "envpool":
+            raise ConfigError("normalize_reward runs in conveyor's own env loop, not in envpool: use --env-backend "
+                              "auto, shm, inproc or vector, or drop --normalize-reward")
         if self.num_envs is not None and self.num_workers is not None and self.num_envs % self.num_workers:
             raise ConfigError(
                 f"num_envs ({self.num_envs}) is not divisible by num_workers ({self.num_workers}): "

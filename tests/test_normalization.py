@@ -136,6 +136,6 @@ def test_vector_env_workers_normalize_rewards_with_the_given_discount():
     assert returns and all(r == int(r) and r >= 8 for r in returns)  # raw CartPole returns
 
 
-def test_reward_normalization_needs_the_shm_workers():
-    with pytest.raises(ConfigError, match="normalize_reward runs in conveyor's own env loop"):
+def test_reward_normalization_is_refused_on_envpool():
+    with pytest.raises(ConfigError, match="normalize_reward runs in conveyor's own env loop, not in envpool"):
         EnvCfg(normalize_reward=True, backend="envpool")

@@ -88,10 +88,38 @@ def test_episodes_start_where_inproc_starts_them_and_steps_follow():
     assert starts > 50
 
 
-def rollout(cfg: EnvCfg, seed: int, steps: int = 300, env_offset: int = 0, actions: np.ndarray | None = None) -> list:
+def test_normalized_rewards_are_inprocs_to_the_bit_and_resume_with_the_envs():
+    """``normalize_reward``: each env's training rewards are those of gymnasium's NormalizeReward and ClipReward
+    around inproc's single envs, truncated episodes (20 steps: the wrapper keeps their discounted sum) and
+    terminated ones alike; a checkpoint's env state carries the statistics on."""
+    fields = dict(normalize_reward=True, env_args=(("max_episode_steps", 20),))
+    actions = np.random.default_rng(5).integers(0, 2, (400, 6))
+    ours, theirs = (rollout(vector_cfg(6, backend=backend, **fields), 4, actions=actions, gamma=0.95)
+                    for backend in ("vector", "inproc"))
+    rewards = np.array([step.reward for step in ours[1:]])
+    np.testing.assert_array_equal(rewards, np.array([step.reward for step in theirs[1:]]))
+    assert len(np.unique(rewards)) > 100 and np.all(np.abs(rewards) <= 10)
+    assert any(step.truncated.any() for step in ours[1:]) and any(step.terminated.any() for step in ours[1:])
+    assert all(np.all(step.episode_return[step.truncated] == 20) for step in ours[1:])  # returns in env units
+    cfg = vector_cfg(6, **fields)
+    with make_vector_env(cfg, 4, gamma=0.95) as venv:
+        venv.reset()
+        for action in actions[:200]:
+            venv.step(action)
+        state = venv.history.state()
+    with make_vector_env(cfg, 4, gamma=0.95, env_state=state) as venv:
+        venv.reset()
+        resumed = np.array([venv.step(action).reward for action in actions[200:]])
+    np.testing.assert_array_equal(resumed, rewards[200:])
+    with pytest.raises(ConfigError, match="stepped with normalize_reward: resume with the run's own"):
+        make_vector_env(vector_cfg(6, env_args=fields["env_args"]), 4, gamma=0.95, env_state=state).reset()
+
+
+def rollout(cfg: EnvCfg, seed: int, steps: int = 300, env_offset: int = 0, actions: np.ndarray | None = None,
+            gamma: float | None = None) -> list:
     if actions is None:
         actions = np.random.default_rng(7).integers(0, 2, (steps, cfg.num_envs))
-    with make_vector_env(cfg, seed, env_offset=env_offset) as venv:
+    with make_vector_env(cfg, seed, env_offset=env_offset, gamma=gamma) as venv:
         return [venv.reset()] + [venv.step(a) for a in actions]
 
 
@@ -176,9 +204,7 @@ def test_what_the_native_env_cannot_honour_is_refused_in_one_line_and_auto_passe
         with pytest.raises(ConfigError, match=message):
             make_vector_env(vector_cfg(2, **fields), 0)
         assert choose_backend(vector_cfg(2, backend="auto", **fields), 0).backend == "inproc"
-    with pytest.raises(ConfigError, match="normalize_reward runs in conveyor's own env loop: use --env-backend shm"):
-        vector_cfg(2, normalize_reward=True)
-    assert choose_backend(vector_cfg(2, backend="auto", normalize_reward=True), 0).backend == "inproc"
+    assert choose_backend(vector_cfg(2, backend="auto", normalize_reward=True), 0).backend == "vector"
     with pytest.raises(ConfigError, match="--env-groups 2 steps groups of the shm backend's worker processes"):
         RunCfg(env=vector_cfg(4), arch=ArchCfg(name="paac", env_groups=2))
 

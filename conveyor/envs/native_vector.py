@@ -28,9 +28,13 @@ counters, each env's next episode index, the reset bounds, the episode return an
 action history (``EnvHistory``), so a run made on this backend resumes on it alone, and one made on ``inproc``
 or ``shm`` on those (``check_env_state`` says so in one line).
 
-What it cannot do (``native_vector_refusal``; ``auto`` then picks ``inproc`` or ``shm``): ``normalize_reward``
-(conveyor's env loop does it), ``env_args`` other than the vector env's own keywords (``NATIVE_VECTOR_ENVS``),
-``--env-groups`` > 1. The vector env's numpy code raises no env errors and has no worker to restart.
+``normalize_reward``: ``RewardScale`` does for all envs at once what gymnasium's ``NormalizeReward`` and
+``ClipReward`` do for each of ``inproc``'s and ``shm``'s envs (``make_env``), in the same float64 operations, so
+the training rewards are theirs to the bit; its statistics go into checkpoints with the env's state.
+
+What it cannot do (``native_vector_refusal``; ``auto`` then picks ``inproc`` or ``shm``): ``env_args`` other
+than the vector env's own keywords (``NATIVE_VECTOR_ENVS``), ``--env-groups`` > 1. The vector env's numpy code
+raises no env errors and has no worker to restart.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from gymnasium.utils import seeding
 from conveyor.config import EnvCfg
 from conveyor.errors import ConfigError
 from conveyor.envs.gym_api import registered_spec
-from conveyor.envs.make import episode_seed
+from conveyor.envs.make import NORMALIZED_REWARD_CLIP, episode_seed
 from conveyor.envs.vector_api import InProcessBackend, StepResult
 
 CARTPOLE_VECTOR_ENV = "gymnasium.envs.classic_control.cartpole:CartPoleVectorEnv"
@@ -68,9 +72,6 @@ def native_vector_refusal(cfg: EnvCfg) -> str:
     if not entry:
         return (f"env {cfg.id!r} has no native vector env that conveyor steps (gymnasium's vector_entry_point: "
                 "CartPole-v0 and -v1): use --env-backend auto, inproc or shm")
-    if cfg.normalize_reward:
-        return ("normalize_reward runs in conveyor's own env loop, not in the native vector env: use "
-                "--env-backend auto, inproc or shm, or drop --normalize-reward")
     unknown = sorted(set(cfg.kwargs) - set(NATIVE_VECTOR_ENVS[entry]))
     if unknown:
         return (f"--env-arg {', '.join(unknown)}: the native vector env {entry} takes only "
@@ -101,6 +102,43 @@ def check_env_state(backend: str, env_state: dict[str, Any] | None) -> None:
                       f"env's own state, which {backend} cannot load): resume with --env-backend vector")
 
 
+class RewardScale:
+    """Each env's training reward divided by the running std of its ``gamma``-discounted reward sum and clipped to
+    +-``NORMALIZED_REWARD_CLIP``: gymnasium's ``NormalizeReward`` (epsilon 1e-8, its ``RunningMeanStd`` with
+    count 1e-4 to start) and ``ClipReward``, as ``make_env`` wraps each env of ``inproc`` and ``shm``, for B envs
+    in one set of array operations. Every env steps once a step, so their counts are one number; the rest is
+    per env, the wrapper's float64 formulas term for term (a batch of one: zero batch variance)."""
+
+    EPSILON = 1e-8
+
+    def __init__(self, batch: int, gamma: float) -> None:
+        self.gamma = float(gamma)
+        self.discounted = np.zeros(batch)
+        """[B] the wrapper's ``discounted_reward``: decays by gamma, cut where an episode terminates (not where it
+        is truncated: the wrapper carries it into the next episode)."""
+        self.mean, self.var, self.count = np.zeros(batch), np.ones(batch), 1e-4
+
+    def __call__(self, reward: np.ndarray, terminated: np.ndarray) -> np.ndarray:
+        """The training rewards ``[B]`` for one step's env ``reward`` and ``terminated`` ``[B]``."""
+        self.discounted = self.discounted * self.gamma * (1 - terminated) + reward.astype(np.float64)
+        delta = self.discounted - self.mean
+        total = self.count + 1
+        self.mean = self.mean + delta * 1 / total
+        self.var = (self.var * self.count + 0.0 + np.square(delta) * self.count * 1 / total) / total
+        self.count = total
+        return np.clip(reward / np.sqrt(self.var + self.EPSILON), -NORMALIZED_REWARD_CLIP, NORMALIZED_REWARD_CLIP)
+
+    def state(self) -> dict[str, Any]:
+        import torch
+
+        return {"discounted": torch.from_numpy(self.discounted.copy()), "mean": torch.from_numpy(self.mean.copy()),
+                "var": torch.from_numpy(self.var.copy()), "count": float(self.count)}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.discounted, self.mean, self.var = (state[key].numpy().copy() for key in ("discounted", "mean", "var"))
+        self.count = float(state["count"])
+
+
 class NativeEnvRecord:
     """``NativeVectorEnv.history``: what a checkpoint stores to rebuild the envs (``state``), and how
     (``restore``)."""
@@ -123,6 +161,7 @@ class NativeEnvRecord:
             "reset_bounds": [float(env.low), float(env.high)],
             "episode_return": torch.from_numpy(venv.running_return.copy()),
             "episode_length": torch.from_numpy(venv.running_length.copy()),
+            "reward_scale": None if venv.reward_scale is None else venv.reward_scale.state(),
         }
 
     def restore(self, state: dict[str, Any]) -> None:
@@ -142,15 +181,22 @@ class NativeEnvRecord:
         venv.next_episode[:] = state["next_episode"].numpy()
         venv.running_return[:] = state["episode_return"].numpy()
         venv.running_length[:] = state["episode_length"].numpy()
+        if (state.get("reward_scale") is None) != (venv.reward_scale is None):
+            raise ConfigError("the checkpoint's envs were stepped with" + ("out" if venv.reward_scale else "") +
+                              " normalize_reward: resume with the run's own --normalize-reward setting")
+        if venv.reward_scale is not None:
+            venv.reward_scale.restore(state["reward_scale"])
 
 
 class NativeVectorEnv(InProcessBackend):
     """``cfg.num_envs`` envs in one gymnasium vector env, stepped in this process with same-step auto-reset (see
     the module docstring); the ``VectorEnv`` protocol."""
 
-    def __init__(self, cfg: EnvCfg, seed: int, *, copy: bool = True, env_state: dict[str, Any] | None = None,
-                 env_offset: int = 0) -> None:
-        """``env_offset``: the global index of env 0 here (a data-parallel rank's share of a run's envs)."""
+    def __init__(self, cfg: EnvCfg, seed: int, *, gamma: float | None = None, copy: bool = True,
+                 env_state: dict[str, Any] | None = None, env_offset: int = 0) -> None:
+        """``env_offset``: the global index of env 0 here (a data-parallel rank's share of a run's envs);
+        ``gamma``: the run's discount, which ``cfg.normalize_reward`` needs (without it, as in ``make_env``, the
+        rewards stay as they are)."""
         super().__init__()
         refusal = native_vector_refusal(cfg)
         if refusal:
@@ -179,6 +225,8 @@ class NativeVectorEnv(InProcessBackend):
         """[B] its steps so far."""
         self.next_episode = np.zeros(batch, np.int64)
         """[B] the index of the episode each env starts next (its seed: ``episode_seed``)."""
+        self.reward_scale = RewardScale(batch, gamma) if cfg.normalize_reward and gamma is not None else None
+        """The training rewards' scaling (``normalize_reward``), else None."""
         self.history = NativeEnvRecord(self)
         self._pending_state = env_state
         self._seeded = False
@@ -216,7 +264,7 @@ class NativeVectorEnv(InProcessBackend):
         env, views = self.env, self._views
         obs, reward, terminated, truncated, _ = env.step(self._actions)
         views.obs[:] = obs
-        views.reward[:] = reward
+        views.reward[:] = reward if self.reward_scale is None else self.reward_scale(reward, terminated)
         views.terminated[:] = terminated
         views.truncated[:] = truncated
         self.running_return += reward

@@ -106,7 +106,7 @@ def make_vector_env(cfg: EnvCfg, seed: int, *, gamma: float | None = None, copy:
     if backend == "auto":  # a checkpoint's action history: only inproc and shm replay it
         backend = choose_backend(cfg, seed, native=loads_natively(env_state)).backend
     if backend == "vector":
-        return NativeVectorEnv(cfg, seed, copy=copy, env_state=env_state, env_offset=env_offset)
+        return NativeVectorEnv(cfg, seed, gamma=gamma, copy=copy, env_state=env_state, env_offset=env_offset)
     check_env_state(backend, env_state)
     if backend == "envpool":
         if env_state is not None:
