@@ -42,7 +42,7 @@ def masked_mean(values: Tensor, mask: Tensor | None = None) -> Tensor:
     _check_same_shape("masked_mean", values=values, mask=mask)
     if mask.dtype != torch.bool:
         raise ValueError(f"masked_mean: mask must be bool, got {mask.dtype}")
-    return torch.where(mask, values, torch.zeros_like(values)).sum() / mask.sum().clamp(min=1)
+    return torch.where(mask, values, 0.0).sum() / mask.sum().clamp(min=1)
 
 
 def policy_gradient_loss(logp: Tensor, advantages: Tensor, mask: Tensor | None = None) -> Tensor:

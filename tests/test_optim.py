@@ -1,5 +1,6 @@
 """conveyor's RMSProp and Adam against torch.optim's: the same parameters bit for bit after many steps, the same
-state_dict layout both ways, one-line refusals of a state that does not fit, and no torch._dynamo import."""
+state_dict layout both ways, one-line refusals of a state that does not fit, and no torch._dynamo import;
+``clip_grad_norm`` against torch's ``clip_grad_norm_``."""
 
 from __future__ import annotations
 
@@ -47,6 +48,20 @@ def test_steps_match_torch_bit_for_bit(name):
         train(theirs, opt_theirs, 50)
         for a, b in zip(ours.parameters(), theirs.parameters()):
             assert torch.equal(a, b)
+
+
+def test_clip_grad_norm_is_torchs_to_the_bit():
+    ours, theirs = model(), model()
+    for max_norm in (1e-3, 1e3, None):  # scaled, left as they are (coefficient clamped to 1), only measured
+        for net in (ours, theirs):
+            net.zero_grad()
+            net(torch.randn(32, 4, generator=torch.Generator().manual_seed(2))).pow(2).mean().backward()
+        norm = optim.clip_grad_norm(ours.parameters(), max_norm)
+        expected = torch.nn.utils.clip_grad_norm_(theirs.parameters(), max_norm if max_norm else float("inf"))
+        assert torch.equal(norm, expected) and norm > 0
+        for a, b in zip(ours.parameters(), theirs.parameters()):
+            assert torch.equal(a.grad, b.grad)
+    assert optim.clip_grad_norm(nn.Linear(2, 2).parameters(), 1.0) == 0  # no gradients yet
 
 
 @pytest.mark.parametrize("name", PAIRS)
