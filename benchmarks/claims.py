@@ -104,20 +104,27 @@ def seed_rows(args: argparse.Namespace, work: Path) -> Rows:
                    **_train_row(result)}
 
 
-# ---- impact: K (buffer reuse) at equal wall-clock on MinAtar (IMPACT fig. 4) ------------------------------
+# ---- impact: K (buffer reuse) and the surrogate's ratio at equal wall-clock on MinAtar (IMPACT fig. 4) -----
+IMPACT_RUNS = (*((k, "impact") for k in (1, 2, 4, 8)), (2, "target"), (2, "worker"))
+"""(K, ``--impact-ratio``) of each run of a seed: K = 1, 2, 4, 8 with IMPACT's own ratio R3 (fig. 4 b), then R1
+(``target``) and R2 (``worker``) at K = 2, the paper's K for discrete tasks (fig. 4 a; sec. 4: "N = 1 and K = 2
+works best")."""
+
+
 def impact_rows(args: argparse.Namespace, work: Path) -> Rows:
     from conveyor.bench.child import execute
     from conveyor.bench.suites import BenchRun, learning_flags, run_name, train_config
 
     env_id, seconds = "MinAtar/Breakout-v1", (30.0 if args.quick else 600.0)
     for seed in args.seeds:
-        for replay_times in (1, 2, 4, 8):
+        for replay_times, ratio in IMPACT_RUNS:
             flags = (*learning_flags("impact", "impact", "", env_id, seed, 10**9), "--replay-times", str(replay_times),
-                     "--target-return", "inf")
+                     "--impact-ratio", ratio, "--target-return", "inf")
             cfg = dataclasses.replace(train_config(flags), time_limit_s=seconds, progress=False)
-            name = run_name("conveyor", "impact", f"impactK{replay_times}", env_id, seed)
+            name = run_name("conveyor", "impact", f"impactK{replay_times}{ratio}", env_id, seed)
             row = execute(BenchRun(name, cfg, eval_episodes=0, flags=flags), work / name)
-            yield {"env": env_id, "replay_times": replay_times, "seed": seed, "time_limit_s": seconds,
+            yield {"env": env_id, "replay_times": replay_times, "impact_ratio": ratio, "seed": seed,
+                   "time_limit_s": seconds,
                    **{key: row[key] for key in ("status", "error", "env_steps", "wall_time_s", "sps",
                                                 "return_mean_last100")}, "flags": " ".join(flags)}
 

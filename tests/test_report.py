@@ -221,8 +221,16 @@ def test_ga3c_seed_and_impact_verdicts():
     assert growth.verdict == claims.HOLDS and versus.verdict == claims.FAILS and "0.50" in versus.numbers
     impact = [{"replay_times": k, "seed": s, "status": "ok", "return_mean_last100": k + s / 10, "time_limit_s": 60}
               for k in (1, 2, 4) for s in range(3)]
-    (finding,) = claims.impact_verdicts(impact)
+    (finding,) = claims.impact_verdicts(impact)  # a table without the ratio runs: the K finding alone
     assert finding.verdict == claims.HOLDS and finding.numbers.startswith("P(K=4 > K=1) 1.00")
+    ratios = [{"replay_times": 2, "impact_ratio": ratio, "seed": s, "status": "ok", "time_limit_s": 60,
+               "return_mean_last100": score + s / 10} for ratio, score in (("target", 0.5), ("worker", 9.0))
+              for s in range(3)]
+    reuse, versus_r1, versus_r2 = claims.impact_verdicts([*impact, *ratios])
+    assert reuse.numbers == finding.numbers  # the ratio runs never enter the K comparison
+    assert versus_r1.what.startswith("R3 (impact) beats R1 (target)") and versus_r1.verdict == claims.HOLDS
+    assert versus_r1.numbers.startswith("P(R3 > R1) 1.00") and "R3 2.10, R1 0.60 (3 and 3 runs)" in versus_r1.numbers
+    assert versus_r2.verdict == claims.FAILS and versus_r2.numbers.startswith("P(R3 > R2) 0.00")
 
 
 def test_the_claims_section_renders_runs_and_missing_claims(tmp_path):
