@@ -128,6 +128,33 @@ def test_report_table_chart_and_csvs(tmp_path):
     assert "<!-- conveyor bench --suite race: start -->" in published and "(./race_CartPole-v1.png)" in published
 
 
+def test_merge_keeps_earlier_rows_that_a_rerun_does_not_replace(tmp_path):
+    """``--merge``: a later invocation on another env adds its tables to the earlier ones; a rerun of one
+    contender's seed replaces that row alone; the numbers read back from race.csv make the same summary."""
+    cartpole, acrobot = RaceEnv("CartPole-v1", 10.0, 10_000, 200.0), RaceEnv("Acrobot-v1", 10.0, 10_000, 200.0)
+    first = [fake_run(tmp_path / "a", f"p-s{seed}", [20.0] * 100, seed=seed) for seed in (0, 1)]
+    first.append(fake_run(tmp_path / "a", "d-s0", [1.0] * 300, contender=("sb3", "dqn"), framework="sb3"))
+    write_race_results(Suite("race", "first", (), race_envs=(cartpole,)), tmp_path, first, 10.0)
+    before = (tmp_path / "race_summary.csv").read_text()
+    rerun = [fake_run(tmp_path / "b", "p-s1", [20.0] * 100, seed=1, startup=54.0)]  # the same contender and seed
+    acro = [fake_run(tmp_path / "b", "q-s0", [20.0] * 100, env="Acrobot-v1")]
+    write_race_results(Suite("race", "second", (), race_envs=(acrobot,)), tmp_path, acro, 5.0, merge=True)
+    assert (tmp_path / "race_summary.csv").read_text().startswith(before.rstrip("\n"))  # CartPole's lines as they were
+    write_race_results(Suite("race", "third", (), race_envs=(cartpole,)), tmp_path, rerun, 5.0, merge=True)
+    with open(tmp_path / "race.csv") as f:
+        raced = [(row["env"], row["contender"], row["seed"], row["time_to_threshold_s"]) for row in csv.DictReader(f)]
+    assert raced == [("CartPole-v1", "paac/a2c", "0", "54.0"), ("CartPole-v1", "sb3/dqn", "0", ""),
+                     ("CartPole-v1", "paac/a2c", "1", "104.0"), ("Acrobot-v1", "paac/a2c", "0", "54.0")]
+    text = (tmp_path / "results.md").read_text()
+    assert "(CartPole-v1 10, Acrobot-v1 10)" in text and "seeds 0,1." in text
+    assert "4 runs, 3 of them kept from earlier invocations" in text
+    assert "| paac/a2c | 2/2 | 79.0 s (54.0 s - 104.0 s) |" in text
+    assert "#### Acrobot-v1" in text and (tmp_path / "race_Acrobot-v1.png").is_file()
+    write_race_results(Suite("race", "fresh", (), race_envs=(acrobot,)), tmp_path, acro, 5.0)  # no --merge
+    with open(tmp_path / "race.csv") as f:
+        assert [row["env"] for row in csv.DictReader(f)] == ["Acrobot-v1"]
+
+
 # ---- the suite -----------------------------------------------------------------------------------------
 def test_suite_contenders_flags_and_variants():
     suite = race_suite(quick=True)

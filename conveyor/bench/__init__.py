@@ -44,18 +44,20 @@ __all__ = ["add_arguments", "device_name", "main", "publish_results", "run_suite
 
 
 def write_suite_results(suite: Suite, out: Path, rows: list[dict[str, Any]], elapsed_s: float,
-                        markdown: Path | None = None) -> None:
-    """The results folder: ``report.write_results``; for the race, ``results.csv`` and ``race.write_race_results``."""
+                        markdown: Path | None = None, merge: bool = False) -> None:
+    """The results folder: ``report.write_results``; for the race, ``results.csv`` and ``race.write_race_results``
+    (``merge``: keeping ``out``'s earlier race rows that these runs do not redo)."""
     if suite.race_envs:
         write_csv(out / "results.csv", rows, ROW_FIELDS)
-        write_race_results(suite, out, rows, elapsed_s, markdown=markdown)
+        write_race_results(suite, out, rows, elapsed_s, markdown=markdown, merge=merge)
     else:
         write_results(suite, out, rows, elapsed_s, markdown=markdown)
 
 
 def run_suite(suite: Suite, out_dir: Path | str, *, log: Callable[[str], None] = print,
-              markdown: Path | None = None) -> list[dict[str, Any]]:
-    """Run every run of ``suite`` in turn; writes the results folder after each; returns the rows."""
+              markdown: Path | None = None, merge: bool = False) -> list[dict[str, Any]]:
+    """Run every run of ``suite`` in turn; writes the results folder after each; returns the rows. ``merge``
+    (the race): the folder's earlier race rows that these runs do not redo stay in its tables."""
     # Imported here: the package must not hold conveyor.bench.child when `python -m` starts it as a child.
     from conveyor.bench.child import execute
 
@@ -71,9 +73,9 @@ def run_suite(suite: Suite, out_dir: Path | str, *, log: Callable[[str], None] =
         row = execute(run, out / "runs" / run.name)
         rows.append(row)
         log(f"    {row_line(row)}")
-        write_suite_results(suite, out, rows, time.perf_counter() - started, markdown=None)
+        write_suite_results(suite, out, rows, time.perf_counter() - started, markdown=None, merge=merge)
     elapsed = time.perf_counter() - started
-    write_suite_results(suite, out, rows, elapsed, markdown=markdown)
+    write_suite_results(suite, out, rows, elapsed, markdown=markdown, merge=merge)
     counts = {status: sum(row["status"] == status for row in rows) for status in ("ok", "failed", "skipped")}
     log(f"suite {suite.name}: {counts['ok']} ok, {counts['failed']} failed, {counts['skipped']} skipped in "
         f"{elapsed:.0f}s; results in {out}")
@@ -113,6 +115,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "preset's, cuda for Atari where torch sees a GPU, else cpu)")
     parser.add_argument("--markdown", "--update-markdown", type=Path, default=None, metavar="FILE",
                         help="also set this suite's section of FILE (e.g. docs/benchmarks-log.md) to the results")
+    parser.add_argument("--merge", action="store_true",
+                        help="with --suite race: keep the rows of --out's race.csv that this invocation does not "
+                        "rerun (same env, contender and seed), so its tables and charts cover both")
     parser.add_argument("--list", action="store_true", help="print the suite's runs and exit")
     # A smoke run of the learning suite's machinery: every step budget times this (0 < X <= 1).
     parser.add_argument("--budget-scale", type=float, default=1.0, help=argparse.SUPPRESS)
@@ -123,8 +128,8 @@ def select_suite(args: argparse.Namespace) -> Suite:
                                                                  and args.budget_scale != 1.0):
         raise ConfigError("--quick and --budget-scale belong to the learning suite (--quick to the race suite too): "
                           "use them with --suite learning")
-    if args.suite != "race" and args.full:
-        raise ConfigError("--full belongs to the race suite: use it with --suite race")
+    if args.suite != "race" and (args.full or args.merge):
+        raise ConfigError(f"{'--full' if args.full else '--merge'} belongs to the race suite: use it with --suite race")
     if args.suite == "race" and args.device:
         raise ConfigError("--device does not apply to the race: every contender runs with its own defaults")
     if args.suite == "learning":
@@ -164,7 +169,7 @@ def main(args: argparse.Namespace) -> int:
         return 0
     out = args.out or Path("bench-results") / suite.name
     try:
-        run_suite(suite, out, markdown=args.markdown)
+        run_suite(suite, out, markdown=args.markdown, merge=args.merge)
     except KeyboardInterrupt:  # the running child was already stopped; finished runs are in the results
         print(f"interrupted: results of the finished runs are in {out}", file=sys.stderr)
         return 130

@@ -183,11 +183,14 @@ def race_suite(seeds: Sequence[int] | None = None, *, quick: bool = False, full:
                                      framework=framework, eval_episodes=0, algo_label=algo, skip_reason=skip,
                                      race=env.goal()))
     name = "race-quick" if quick else "race-full" if full else "race"
+    return Suite(name, race_description(envs, seeds), tuple(runs), race_envs=envs)
+
+
+def race_description(envs: Sequence[RaceEnv], seeds: Sequence[int]) -> str:
     scope = ", ".join(f"{env.id} {env.threshold:g}" for env in envs)
-    return Suite(name, f"wall-clock time from process start until the mean return of the last {WINDOW} training "
-                 f"episodes reaches the threshold ({scope}); conveyor's defaults vs stable-baselines3 with "
-                 "rl-zoo's tuned settings, Sample Factory APPO and CleanRL PPO; seeds "
-                 f"{','.join(map(str, seeds))}", tuple(runs), race_envs=envs)
+    return (f"wall-clock time from process start until the mean return of the last {WINDOW} training episodes "
+            f"reaches the threshold ({scope}); conveyor's defaults vs stable-baselines3 with rl-zoo's tuned "
+            f"settings, Sample Factory APPO and CleanRL PPO; seeds {','.join(map(str, seeds))}")
 
 
 # ---- the child side --------------------------------------------------------------------------------------
@@ -468,14 +471,18 @@ def plot_race(env: RaceEnv, results: Sequence[dict[str, Any]], out_dir: Path) ->
 
 
 def race_report(suite: Suite, results: Sequence[dict[str, Any]], runs: int, elapsed_s: float,
-                plots: Sequence[str], load: str) -> str:
+                plots: Sequence[str], load: str, earlier: int = 0) -> str:
+    """The race's page; ``earlier``: how many of the ``runs`` rows came from earlier invocations (``--merge``)."""
     from importlib.metadata import version
 
     command = "conveyor bench --suite race" + (" --quick" if suite.name.endswith("-quick") else
                                                " --full" if suite.name.endswith("-full") else "")
+    count = (f"{runs} runs, {earlier} of them kept from earlier invocations (`--merge`; their dates and commits: "
+             f"{RACE_CSV}'s run folders and the benchmarks log); the last invocation's {runs - earlier} in "
+             f"{elapsed_s:.0f} s" if earlier else f"{runs} runs in {elapsed_s:.0f} s")
     lines = [
         f"Suite `{suite.name}`: {suite.description}.", "",
-        f"{runs} runs in {elapsed_s:.0f} s on {os.cpu_count()} cores ({platform.machine()}, Python "
+        f"{count} on {os.cpu_count()} cores ({platform.machine()}, Python "
         f"{platform.python_version()}, torch {version('torch')}), {time.strftime('%Y-%m-%d')}; `{command}`; "
         f"load average {load}.", "",
         "Time to threshold: seconds from just before the run's process was spawned (Python start-up and imports "
@@ -500,21 +507,63 @@ def race_report(suite: Suite, results: Sequence[dict[str, Any]], runs: int, elap
     return "\n".join(lines) + "\n"
 
 
+def read_race_csv(path: Path) -> list[dict[str, Any]]:
+    """The rows of a ``race.csv`` with their types back (numbers, None for empty, bools)."""
+    import csv
+
+    def typed(key: str, text: str) -> Any:
+        if key in ("reached", "capped"):
+            return text == "True"
+        if key in ("seed",):
+            return int(text)
+        if key in ("threshold", "cap_time_s", "cap_steps", "time_to_threshold_s", "steps_to_threshold",
+                   "startup_s", "run_time_at_crossing_s", "env_steps", "run_wall_time_s", "return_mean_last100"):
+            if text in ("", "None"):
+                return None
+            return int(text) if text.lstrip("-").isdigit() else float(text)  # as it was written
+        return text
+
+    with open(path, newline="") as f:
+        return [{key: typed(key, value) for key, value in row.items()} for row in csv.DictReader(f)]
+
+
+def merged_rows(out: Path, suite: Suite, raced: list[dict[str, Any]]) -> tuple[Suite, list[dict[str, Any]], int]:
+    """``raced`` with the rows of ``out``'s earlier ``race.csv`` that it does not rerun (the same env, contender
+    and seed), in ``RACE_ENVS``' order of envs; ``suite`` made to describe them all; how many rows were kept."""
+    new = {(row["env"], row["contender"], row["seed"]) for row in raced}
+    kept = [row for row in read_race_csv(out / RACE_CSV) if (row["env"], row["contender"], row["seed"]) not in new]
+    # An env of the earlier rows as they were raced (their threshold and caps), unless this invocation races it.
+    known = {row["env"]: RaceEnv(row["env"], row["threshold"], row["cap_steps"], row["cap_time_s"]) for row in kept}
+    known.update((env.id, env) for env in suite.race_envs)
+    ids = dict.fromkeys(row["env"] for row in (*kept, *raced))
+    envs = tuple(known[env_id] for env_id in dict.fromkeys([*(e.id for e in RACE_ENVS), *ids]) if env_id in ids)
+    order = {env.id: i for i, env in enumerate(envs)}
+    rows = sorted([*kept, *raced], key=lambda row: order[row["env"]])  # stable: each env's rows keep their order
+    seeds = sorted({int(row["seed"]) for row in rows})
+    return dataclasses.replace(suite, race_envs=envs, description=race_description(envs, seeds)), rows, len(kept)
+
+
 def write_race_results(suite: Suite, out: Path, rows: list[dict[str, Any]], elapsed_s: float,
-                       markdown: Path | None = None) -> None:
-    """``race.csv``, ``race_summary.csv``, the charts and ``results.md`` (and ``markdown``'s race section)."""
+                       markdown: Path | None = None, merge: bool = False) -> None:
+    """``race.csv``, ``race_summary.csv``, the charts and ``results.md`` (and ``markdown``'s race section).
+    ``merge``: with the rows of ``out``'s earlier ``race.csv`` that ``rows`` do not rerun (``merged_rows``)."""
     from conveyor.bench.report import update_markdown_section, write_csv
 
     goals = {env.id: env.goal() for env in suite.race_envs}
     raced = [race_row(row, goals[row["env"]]) for row in rows if row["env"] in goals]
+    earlier = 0
+    if merge and (out / RACE_CSV).is_file():
+        suite, raced, earlier = merged_rows(out, suite, raced)
     write_csv(out / RACE_CSV, raced, RACE_FIELDS)
     results = summarize(raced, _settings(suite))
     write_csv(out / SUMMARY_CSV, results, SUMMARY_FIELDS)
     plots = [path for env in suite.race_envs
              if (path := plot_race(env, [r for r in results if r["env"] == env.id], out)) is not None]
     load = " / ".join(f"{value:.1f}" for value in os.getloadavg()) + " (1 / 5 / 15 min, at the end)"
-    (out / "results.md").write_text(race_report(suite, results, len(rows), elapsed_s, [p.name for p in plots], load))
+    (out / "results.md").write_text(race_report(suite, results, len(raced), elapsed_s, [p.name for p in plots],
+                                                load, earlier))
     if markdown is not None:
         prefix = os.path.relpath(out, markdown.parent)
-        body = race_report(suite, results, len(rows), elapsed_s, [f"{prefix}/{p.name}" for p in plots], load)
+        body = race_report(suite, results, len(raced), elapsed_s, [f"{prefix}/{p.name}" for p in plots], load,
+                           earlier)
         update_markdown_section(markdown, suite.name, body)
