@@ -116,6 +116,27 @@ def id_family(env_id: str, env_args: tuple[tuple[str, Any], ...] = ()) -> str | 
     if continuous is None:
         return None
     return "classic-continuous" if continuous else "classic-discrete"
+
+
+CARTPOLE_VECTOR_ENV = "gymnasium.envs.classic_control.cartpole:CartPoleVectorEnv"
+NATIVE_VECTOR_ENVS = {CARTPOLE_VECTOR_ENV: ("max_episode_steps", "sutton_barto_reward")}
+"""The native vector envs (a registry spec's ``vector_entry_point``) that the ``vector`` backend steps
+(``conveyor.envs.native_vector``), each with the ``env_args`` its constructor takes. Kept here because presets
+size batches by them: there a step costs each env about a microsecond, so a larger batch costs little more."""
+
+
+def native_vector_entry(env_id: str) -> str:
+    """The entry point of ``env_id``'s native vector env when the ``vector`` backend steps it (from the registry's
+    spec: no env is built), else ""."""
+    if is_atari_id(env_id) or is_minatar_id(env_id) or is_ref(env_id):
+        return ""
+    import gymnasium as gym
+
+    spec = gym.registry.get(env_id)
+    entry = spec.vector_entry_point if spec is not None else None
+    return entry if isinstance(entry, str) and entry in NATIVE_VECTOR_ENVS else ""
+
+
 SECTIONS = ("env", "model", "algo", "arch")
 
 
@@ -470,8 +491,15 @@ ARCH_ALGO_FAMILY: dict[tuple[str, str, str], dict[str, Any]] = {
         # 5.0 s (seeds 5-8), 128 at 1.3e-2 missed with seed 5; 256 envs took 356k-550k steps
         # (benchmarks/preset_sweep.py, benchmarks/results/preset_sweep.csv; docs/benchmarks-log.md "Fastest to a
         # trained agent, round 2"). On single envs 16 envs at lr 2e-3 took 2x 64's time.
-        "env.num_envs": 128,  # source: tuned here: as above
-        "algo.lr": 1e-2,  # source: tuned here: as above (the lr grows with the batch, PAAC section 5.1: 0.0007 n_e)
+        # Where the envs are stepped one by one (Acrobot: 115 us a step), the env's time grows with the batch and
+        # sample efficiency decides: the a2c/classic-discrete 16 envs at 2e-3 (paac/a2c Acrobot-v1 seeds 0-2 with
+        # 128 at 1e-2: -100 at 107k-168k steps, 17-24 s of the run; docs/benchmarks-log.md "Fastest to a trained
+        # agent, round 3").
+        "env.num_envs": Derived("128 where the vector backend steps the env (CartPole), else 16",  # source: here
+                                lambda cfg: 128 if native_vector_entry(cfg.env.id) else 16),  # tuned: as above
+        "algo.lr": Derived("1e-2 where the vector backend steps the env, else 2e-3",  # source: tuned here: as
+                           lambda cfg: 1e-2 if native_vector_entry(cfg.env.id)  # above (the lr grows with the
+                           else ALGO_FAMILY[("a2c", "classic-discrete")]["algo.lr"]),  # batch, PAAC 5.1: 0.0007 n_e)
     },
     ("seed", "vtrace", "classic-discrete"): {  # soonest to 475 in wall-clock: each of the 2 local actors steps
         # 128 envs (num_envs is per actor) and sends them in one round trip to the inference server, not 8.

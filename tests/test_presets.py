@@ -33,6 +33,18 @@ def preset_values(cfg):
             for key in presets.BASE}
 
 
+def test_batches_grow_where_the_vector_backend_steps_the_envs():
+    """paac/a2c's classic-discrete preset: 128 envs at lr 1e-2 where gymnasium's native vector env steps them
+    (CartPole), the a2c 16 at 2e-3 where one env after another is stepped; explicit flags win."""
+    assert presets.native_vector_entry("CartPole-v1") == presets.CARTPOLE_VECTOR_ENV
+    assert presets.native_vector_entry("Acrobot-v1") == presets.native_vector_entry("ALE/Pong-v5") == ""
+    sized = {env_id: (cfg.env.num_envs, cfg.algo.lr) for env_id in ("CartPole-v1", "Acrobot-v1", STEP_TIME_ID)
+             for cfg in [RunCfg(env=EnvCfg(id=env_id), arch=ArchCfg(name="paac"))]}
+    assert sized == {"CartPole-v1": (128, 1e-2), "Acrobot-v1": (16, 2e-3), STEP_TIME_ID: (16, 2e-3)}
+    given = RunCfg(env=EnvCfg(id="CartPole-v1", num_envs=16), arch=ArchCfg(name="paac"), algo=AlgoCfg(lr=7e-4))
+    assert (given.env.num_envs, given.algo.lr) == (16, 7e-4)
+
+
 def test_env_families():
     assert [presets.id_family(env_id) for env_id in FAMILY_ENVS.values()] == list(FAMILY_ENVS)
     assert [env_family(env_id) for env_id in FAMILY_ENVS.values()] == list(FAMILY_ENVS)
@@ -65,7 +77,7 @@ def test_a_config_builds_no_env_and_an_env_of_your_own_is_given_its_family(monke
     """RunCfg takes the family its id tells or the one it is given, never building an env; one of your own
     without a family is refused in one line naming the fix, unless every preset field is given (an old
     config.json); the CLI, above the env layer, builds it once to find its family."""
-    cartpole = RunCfg(env=EnvCfg(id="CartPole-v1"))
+    acrobot = RunCfg(env=EnvCfg(id="Acrobot-v1"))  # classic-discrete, without CartPole's native vector env
 
     def no_build(*args, **kwargs):
         raise AssertionError("a config built an env")
@@ -74,7 +86,7 @@ def test_a_config_builds_no_env_and_an_env_of_your_own_is_given_its_family(monke
     assert {family: RunCfg(env=EnvCfg(id=env_id)).env.family for family, env_id in FAMILY_ENVS.items()} == {
         family: family for family in FAMILY_ENVS}
     tagged = RunCfg(env=EnvCfg(id=TAGGED_ID, family=TAGGED_FAMILY))
-    assert preset_values(tagged) == preset_values(cartpole) and tagged.preset_sources == cartpole.preset_sources
+    assert preset_values(tagged) == preset_values(acrobot) and tagged.preset_sources == acrobot.preset_sources
     with pytest.raises(ConfigError, match=r"depend on its family.*pass EnvCfg\(family=\.\.\.\)") as refused:
         RunCfg(env=EnvCfg(id=TAGGED_ID))
     assert "\n" not in str(refused.value)

@@ -3,7 +3,7 @@ process that acts.
 
 ``CartPoleVectorEnv`` (CartPole-v0 and -v1) steps all its envs in a few numpy operations, where ``inproc`` steps
 one Python env after another (``EnvWorker``): on the default job (64 envs) a step of all of them costs about as
-much as two of ``inproc``'s single env steps. ``NATIVE_VECTOR_ENVS`` lists the vector envs conveyor knows how to
+much as two of ``inproc``'s single env steps. ``presets.NATIVE_VECTOR_ENVS`` lists the vector envs conveyor knows how to
 step; the others (the phys2d Jax ones among them) take ``inproc`` or ``shm``.
 
 Auto-reset: gymnasium's vector env resets a finished env at its *next* step (``AutoresetMode.NEXT_STEP``), which
@@ -51,10 +51,8 @@ from conveyor.errors import ConfigError
 from conveyor.envs.gym_api import registered_spec
 from conveyor.envs.make import NORMALIZED_REWARD_CLIP, episode_seed
 from conveyor.envs.vector_api import InProcessBackend, StepResult
+from conveyor.presets import NATIVE_VECTOR_ENVS
 
-CARTPOLE_VECTOR_ENV = "gymnasium.envs.classic_control.cartpole:CartPoleVectorEnv"
-NATIVE_VECTOR_ENVS = {CARTPOLE_VECTOR_ENV: ("max_episode_steps", "sutton_barto_reward")}
-"""The vector entry points this backend steps, each with the ``env_args`` its constructor takes."""
 NATIVE_STATE_KIND = "native_vector"
 """``env_state["kind"]`` of a checkpoint made on this backend (an ``EnvHistory``'s state has no ``kind``)."""
 
