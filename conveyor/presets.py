@@ -306,7 +306,8 @@ ALGO_FAMILY: dict[tuple[str, str], dict[str, Any]] = {
     },
     ("a2c", "classic-discrete"): {
         "algo.lr": 2e-3,  # source: tuned here: paac/a2c with 16 envs solved CartPole-v1 in ~170k steps (hts/a2c's)
-        "env.normalize_reward": True,  # source: rl-zoo a2c.yml Acrobot-v1 normalize: true; measured here: paac/a2c
+        "env.normalize_reward": Derived("unless backend == envpool",  # source: rl-zoo a2c.yml Acrobot-v1 normalize:
+                                        lambda c: c.env.backend != "envpool"),  # true; measured here: paac/a2c
         # Acrobot-v1 seed 0 reached -100 at 168k steps with it and stayed at -500 (the policy's entropy gone) to
         # 600k without it at lr 1e-2, 3e-3 and 1e-3; CartPole-v1 is as fast with it (docs/benchmarks-log.md
         # "Fastest to a trained agent, round 3")
@@ -410,7 +411,8 @@ ALGO_FAMILY: dict[tuple[str, str], dict[str, Any]] = {
         "algo.lr": 1e-3,  # source: rl-zoo ppo.yml CartPole-v1 learning_rate 1e-3 (tests/test_impact.py)
         "algo.gamma": 0.98,  # source: rl-zoo ppo.yml CartPole-v1 gamma 0.98 (tests/test_impact.py)
         "algo.gae_lambda": 0.8,  # source: rl-zoo ppo.yml CartPole-v1 gae_lambda 0.8 (tests/test_impact.py)
-        "env.normalize_reward": True,  # source: rl-zoo ppo.yml Acrobot-v1 normalize: true; measured here: impact
+        "env.normalize_reward": Derived("unless backend == envpool",  # source: rl-zoo ppo.yml Acrobot-v1 normalize:
+                                        lambda c: c.env.backend != "envpool"),  # true; measured here: impact
         # Acrobot-v1 seed 0 reached -100 at 24k steps with it, and CartPole-v1 seed 0 475 in 29 s with it, 39 s
         # without (docs/benchmarks-log.md "Fastest to a trained agent, round 3")
     },

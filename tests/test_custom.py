@@ -77,7 +77,9 @@ def test_presets_of_an_env_of_your_own_from_the_conveyor_script():
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0] == f"# paac/a2c on {CORRIDOR} (family classic-discrete)"
-    assert "algo.lr = 0.01  preset(paac/a2c/classic-discrete)" in lines
+    # no native vector env: the a2c classic-discrete 16 envs at 2e-3 (CartPole's 128 at 1e-2 need one)
+    assert "env.num_envs = 16  preset(paac/a2c/classic-discrete)" in lines
+    assert "algo.lr = 0.002  preset(paac/a2c/classic-discrete)" in lines
 
 
 class BadDtype(Corridor):

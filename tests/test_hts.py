@@ -43,8 +43,9 @@ EXPONENTIAL_STEPS = (("dist", "exponential"), ("mean_ms", 0.3))
 
 
 def hts_cfg(tmp_path, name="run", env="CartPole-v1", env_args=(), algo="a2c", actors=1, num_envs=8, alpha=5,
-            total_steps=4000, **overrides) -> RunCfg:
-    return RunCfg(env=EnvCfg(id=env, num_envs=num_envs, num_workers=2, env_args=env_args),
+            total_steps=4000, normalize_reward=None, **overrides) -> RunCfg:
+    return RunCfg(env=EnvCfg(id=env, num_envs=num_envs, num_workers=2, env_args=env_args,
+                             normalize_reward=normalize_reward),
                   model=overrides.pop("model", ModelCfg(hidden=(32, 32))), algo=overrides.pop("algo_cfg", AlgoCfg(name=algo)),
                   arch=ArchCfg(name="hts", num_actors=actors, sync_interval=alpha), total_steps=total_steps,
                   out=str(tmp_path / name), progress=False, torch_threads=1, log_interval_s=60.0, **overrides)
@@ -249,7 +250,9 @@ def test_every_transition_reaches_the_learner_once_and_in_place(tmp_path, monkey
         return delayed_update(learner, behaviour, batch, *args)
 
     monkeypatch.setattr(hts, "delayed_update", recording_update)
-    cfg = hts_cfg(tmp_path, env=STEP_TIME_ID, env_args=EXPONENTIAL_STEPS, actors=2, total_steps=2480, alpha=5)
+    # the env's own rewards: the a2c classic-discrete preset would scale them (normalize_reward)
+    cfg = hts_cfg(tmp_path, env=STEP_TIME_ID, env_args=EXPONENTIAL_STEPS, actors=2, total_steps=2480, alpha=5,
+                  normalize_reward=False)
     summary = train(cfg)
     T, gamma = cfg.arch.sync_interval, cfg.algo.gamma
     assert len(batches) == summary["rounds"] - 1 == 61

@@ -550,12 +550,15 @@ def write_race_results(suite: Suite, out: Path, rows: list[dict[str, Any]], elap
     from conveyor.bench.report import update_markdown_section, write_csv
 
     goals = {env.id: env.goal() for env in suite.race_envs}
+    settings = _settings(suite)
     raced = [race_row(row, goals[row["env"]]) for row in rows if row["env"] in goals]
+    for row in raced:  # in race.csv too, so a later --merge still shows what a kept row ran with
+        row["settings"] = row["settings"] or settings.get((row["env"], row["contender"]), "")
     earlier = 0
     if merge and (out / RACE_CSV).is_file():
         suite, raced, earlier = merged_rows(out, suite, raced)
     write_csv(out / RACE_CSV, raced, RACE_FIELDS)
-    results = summarize(raced, _settings(suite))
+    results = summarize(raced, settings)
     write_csv(out / SUMMARY_CSV, results, SUMMARY_FIELDS)
     plots = [path for env in suite.race_envs
              if (path := plot_race(env, [r for r in results if r["env"] == env.id], out)) is not None]
