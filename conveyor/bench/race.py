@@ -477,9 +477,9 @@ def race_report(suite: Suite, results: Sequence[dict[str, Any]], runs: int, elap
 
     command = "conveyor bench --suite race" + (" --quick" if suite.name.endswith("-quick") else
                                                " --full" if suite.name.endswith("-full") else "")
-    count = (f"{runs} runs, {earlier} of them kept from earlier invocations (`--merge`; their dates and commits: "
-             f"{RACE_CSV}'s run folders and the benchmarks log); the last invocation's {runs - earlier} in "
-             f"{elapsed_s:.0f} s" if earlier else f"{runs} runs in {elapsed_s:.0f} s")
+    count = (f"{runs} runs, {earlier} of them kept from earlier invocations (`--merge`: when and at which commit "
+             f"each ran, the benchmarks log says); the last invocation's {runs - earlier} in {elapsed_s:.0f} s"
+             if earlier else f"{runs} runs in {elapsed_s:.0f} s")
     lines = [
         f"Suite `{suite.name}`: {suite.description}.", "",
         f"{count} on {os.cpu_count()} cores ({platform.machine()}, Python "
