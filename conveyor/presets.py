@@ -503,6 +503,11 @@ ARCH_ALGO_FAMILY: dict[tuple[str, str, str], dict[str, Any]] = {
                            lambda cfg: 1e-2 if native_vector_entry(cfg.env.id)  # above (the lr grows with the
                            else ALGO_FAMILY[("a2c", "classic-discrete")]["algo.lr"]),  # batch, PAAC 5.1: 0.0007 n_e)
     },
+    ("hts", "a2c", "classic-discrete"): {
+        "env.normalize_reward": False,  # source: HTS-RL section 4 (determinism): the executors' envs keep the
+        # statistics, which a checkpoint does not hold, so a resumed run would not reach the uninterrupted one's
+        # parameters (tests/test_exact_resume.py); rewards stay the env's, as in the paper
+    },
     ("seed", "vtrace", "classic-discrete"): {  # soonest to 475 in wall-clock: each of the 2 local actors steps
         # 128 envs (num_envs is per actor) and sends them in one round trip to the inference server, not 8.
         # seed/vtrace CartPole-v1 seeds 0-2: 475 at 324k/436k/393k steps in 34/43/37 s of the run (9.5k-10.6k SPS),
