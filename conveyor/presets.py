@@ -407,7 +407,10 @@ ALGO_FAMILY: dict[tuple[str, str], dict[str, Any]] = {
     ("impact", "classic-discrete"): {
         "env.num_envs": 8,  # source: tuned here: tests/test_impact.py CartPole run (8 envs, 2 workers)
         "arch.worker_batch": 32,  # source: tuned here: tests/test_impact.py CartPole run
-        "arch.replay_times": 8,  # source: tuned here: tests/test_impact.py CartPole run (K = 8)
+        "arch.replay_times": 4,  # source: tuned here: impact CartPole-v1 seeds 0-2 reached 475 at 125k-139k steps
+        # in 28-31 s of the run with K = 4, with K = 2 at 152k-201k in 28-36 s, and with K = 8 in 40-76 s from the
+        # command (the race); IMPACT section 4: K = 2 works best on discrete tasks (benchmarks/preset_sweep.py,
+        # benchmarks/results/preset_sweep.csv; docs/benchmarks-log.md "Fastest to a trained agent, round 3")
         "algo.lr": 1e-3,  # source: rl-zoo ppo.yml CartPole-v1 learning_rate 1e-3 (tests/test_impact.py)
         "algo.gamma": 0.98,  # source: rl-zoo ppo.yml CartPole-v1 gamma 0.98 (tests/test_impact.py)
         "algo.gae_lambda": 0.8,  # source: rl-zoo ppo.yml CartPole-v1 gae_lambda 0.8 (tests/test_impact.py)
