@@ -324,9 +324,9 @@ def test_warns_when_the_target_network_can_never_sync():
     assert "the target network will never sync" in presets.target_sync_warning(r2d2)
     assert presets.target_sync_warning(dataclasses.replace(r2d2, total_steps=100_000)) is None
     impact = RunCfg(arch=ArchCfg(name="impact", target_update=1000), total_steps=10_000)
-    # 8 envs on 2 workers: one batch is 32 steps x 4 envs, used K = 8 times
-    assert presets.expected_updates(impact) == pytest.approx(10_000 / 128 * 8)
-    assert presets.target_sync_warning(impact).startswith("conveyor: warning: 10,000 env steps make about 625")
+    # 8 envs on 2 workers: one batch is 32 steps x 4 envs, used K = 4 times
+    assert presets.expected_updates(impact) == pytest.approx(10_000 / 128 * 4)
+    assert presets.target_sync_warning(impact).startswith("conveyor: warning: 10,000 env steps make about 312")
     assert presets.target_sync_warning(RunCfg()) is None  # no target network
 
 
