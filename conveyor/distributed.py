@@ -279,7 +279,11 @@ class Minibatches:
         self.T, self.envs = batch["rewards"].shape[:2]
         self.whole: dict[str, Tensor] | None = None
         if steps and "advantages" in batch:
-            self.whole = {key: share.gather_columns(batch[key]) for key in ("rewards", "advantages", "valid")}
+            # every rank gathers a mask, also one whose batch has none (all its steps valid)
+            valid = batch.get("valid", torch.ones_like(batch["rewards"], dtype=torch.bool))
+            self.whole = {key: share.gather_columns(tensor)
+                          for key, tensor in (("rewards", batch["rewards"]), ("advantages", batch["advantages"]),
+                                              ("valid", valid))}
 
     @property
     def groups(self) -> int:

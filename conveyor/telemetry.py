@@ -79,6 +79,7 @@ class Telemetry:
         self.dropped_steps = 0
         self.env_errors = 0
         self.returns: collections.deque[float] = collections.deque(maxlen=100)
+        self._returns_mean: float | None = None  # of ``returns``; None: not taken since they changed
         self.return_curve: list[tuple[int, float, float]] = []  # (env_steps, wall_s, return) per episode
         self.lag_histogram: collections.Counter[int] = collections.Counter()
         self.time_split = {bucket: 0.0 for bucket in TIME_BUCKETS}
@@ -109,6 +110,7 @@ class Telemetry:
             self.restarts = int(state.get("restarts", 0))
             self.dropped_steps = int(state.get("dropped_steps", 0))
             self.returns.extend(state.get("recent_returns", []))
+            self._returns_mean = None
             self.return_curve[:0] = earlier
 
     def _curve_before(self, env_steps: int) -> list[tuple[int, float, float]]:
@@ -162,6 +164,7 @@ class Telemetry:
                 self.returns.append(value)
                 self.return_curve.append((self.env_steps, now, value))
             self.episodes += len(finished)
+            self._returns_mean = None
 
     def add_lag(self, learner_version: int, policy_versions: np.ndarray | torch.Tensor) -> None:
         """Record lag = learner version minus the version that chose each action (an array or a tensor on
@@ -206,8 +209,11 @@ class Telemetry:
 
     @property
     def return_mean_last100(self) -> float:
+        """Taken again only after new episodes: runs ask at every update (``Run.should_stop``)."""
         with self._lock:
-            return float(np.mean(self.returns)) if self.returns else float("nan")
+            if self._returns_mean is None:
+                self._returns_mean = float(np.mean(self.returns)) if self.returns else float("nan")
+            return self._returns_mean
 
     def lag_summary(self) -> dict[str, Any]:
         with self._lock:

@@ -106,6 +106,25 @@ def test_a2c_loss_equals_manual_computation():
     assert metrics["entropy"].item() == pytest.approx(np.mean(entropy_terms), rel=1e-5)
 
 
+def test_a2c_without_a_mask_equals_a2c_with_an_all_true_mask_to_the_bit():
+    """``RolloutStorage.batch()`` leaves ``valid`` out while every step is valid: the loss and its gradients must
+    not change for it."""
+    model, batch = make_case("a2c")
+    loss_fn = make_loss(run_cfg("a2c"))
+    results = []
+    for masked in (False, True):
+        model.zero_grad()
+        case = {**batch, "valid": torch.ones_like(batch["rewards"], dtype=torch.bool)} if masked else batch
+        loss, metrics = loss_fn(model(case["obs"]), case)
+        loss.backward()
+        results.append((loss.detach(), metrics, [p.grad.clone() for p in model.parameters()]))
+    (loss, metrics, grads), (masked_loss, masked_metrics, masked_grads) = results
+    assert torch.equal(loss, masked_loss) and metrics.keys() == masked_metrics.keys()
+    assert all(torch.equal(metrics[k], masked_metrics[k]) for k in metrics)
+    for grad, masked_grad in zip(grads, masked_grads):
+        assert torch.equal(grad, masked_grad)
+
+
 def test_ppo_on_policy_first_epoch_has_unit_ratio():
     model, batch = make_case("ppo")
     out = model(batch["obs"])

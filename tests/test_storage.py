@@ -53,7 +53,10 @@ def test_step_samples_pick_single_steps_time_major_and_drop_the_bootstrap_row():
     storage.rewards.copy_(torch.arange(6, dtype=torch.float32).view(2, 3))
     sub = step_samples(storage.batch(), torch.tensor([5, 0, 3]))  # flat index t * B + b
     assert sub["obs"][..., 0].tolist() == [[5, 0, 3]]  # obs[1, 2], obs[0, 0], obs[1, 0]; never row T = 2
-    assert sub["rewards"].tolist() == [[5, 0, 3]] and sub["valid"].shape == (1, 3)
+    assert sub["rewards"].tolist() == [[5, 0, 3]] and "valid" not in sub  # every step is valid
+    storage.drop_step(0, torch.tensor([False, True, False]))
+    sub = step_samples(storage.batch(), torch.tensor([5, 0, 1]))
+    assert sub["valid"].tolist() == [[True, True, False]]
     assert sub["behaviour_value"].shape == (1, 3)
 
 
@@ -176,4 +179,4 @@ def test_schema_names_standard_fields_and_declares_the_rest():
         RolloutStorage(RolloutSchema(obs, action, [n for n in ROLLOUT_FIELDS if n != "behaviour_value"]), 2, 2)
     storage = RolloutStorage(RolloutSchema(obs, action, ROLLOUT_FIELDS, {"uniforms": FieldSpec((), torch.float32)}),
                              2, 3)
-    assert storage.uniforms.shape == (2, 3) and set(storage.batch()) == {*ROLLOUT_FIELDS, "uniforms", "valid"}
+    assert storage.uniforms.shape == (2, 3) and set(storage.batch()) == {*ROLLOUT_FIELDS, "uniforms"}

@@ -24,7 +24,7 @@ from conveyor.config import ModelCfg
 from conveyor.errors import ConfigError
 from conveyor.imports import is_ref
 from conveyor.models import encoders
-from conveyor.models.encoders import ENCODERS
+from conveyor.models.encoders import ENCODERS, Layers
 from conveyor.models.heads import Categorical, DiagGaussian, ModelOut, PolicyFamily
 from conveyor.models.normalize import ObsNormalizer
 
@@ -117,10 +117,10 @@ class ActorCritic(nn.Module):
             if not self.policy.discrete:
                 raise ConfigError("a dueling Q head needs a discrete action space: use a discrete env with r2d2")
             init = cfg.weight_init
-            self.advantage = nn.Sequential(_init_linear(nn.Linear(feat, 512), math.sqrt(2), init), nn.ReLU(),
-                                           _init_linear(nn.Linear(512, self.policy.param_size), 1.0, init))
-            self.state_value = nn.Sequential(_init_linear(nn.Linear(feat, 512), math.sqrt(2), init), nn.ReLU(),
-                                             _init_linear(nn.Linear(512, 1), 1.0, init))
+            self.advantage = Layers(_init_linear(nn.Linear(feat, 512), math.sqrt(2), init), nn.ReLU(),
+                                    _init_linear(nn.Linear(512, self.policy.param_size), 1.0, init))
+            self.state_value = Layers(_init_linear(nn.Linear(feat, 512), math.sqrt(2), init), nn.ReLU(),
+                                      _init_linear(nn.Linear(512, 1), 1.0, init))
         else:
             out = self.policy.param_size if self.policy.discrete else self.policy.action_dim
             self.policy_head = _init_linear(nn.Linear(feat, out), 0.01, cfg.weight_init)
@@ -153,8 +153,9 @@ class ActorCritic(nn.Module):
             adv = self.advantage(feat)
             q = self.state_value(feat) + adv - adv.mean(-1, keepdim=True)
             return ModelOut(self.policy, q, q.max(-1).values, state, q)
-        params = self.policy_head(feat)
-        value = self.value_head(value_feat).squeeze(-1)
+        # the heads' own forward, not their __call__: see ``encoders.Layers``
+        params = self.policy_head.forward(feat)
+        value = self.value_head.forward(value_feat).squeeze(-1)
         if self.gsde:  # std(s) = sqrt(phi(s)^2 @ sigma^2): the std of the action gSDE's acting adds, phi(s) @ W
             features = feat.detach()
             log_std = 0.5 * torch.log(features.pow(2) @ torch.exp(2 * self.log_std) + GSDE_EPS)
