@@ -127,12 +127,17 @@ size batches by them: there a step costs each env about a microsecond, so a larg
 
 def native_vector_entry(env_id: str) -> str:
     """The entry point of ``env_id``'s native vector env when the ``vector`` backend steps it (from the registry's
-    spec: no env is built), else ""."""
+    spec: no env is built, no module imported), else ""."""
     if is_atari_id(env_id) or is_minatar_id(env_id) or is_ref(env_id):
         return ""
     import gymnasium as gym
 
-    spec = gym.registry.get(env_id)
+    return spec_native_vector_entry(gym.registry.get(env_id))
+
+
+def spec_native_vector_entry(spec: Any) -> str:
+    """The vector entry point of a registry ``spec`` (None: no spec) when the ``vector`` backend steps it, else
+    ""."""
     entry = spec.vector_entry_point if spec is not None else None
     return entry if isinstance(entry, str) and entry in NATIVE_VECTOR_ENVS else ""
 

@@ -51,17 +51,16 @@ from conveyor.errors import ConfigError
 from conveyor.envs.gym_api import registered_spec
 from conveyor.envs.make import NORMALIZED_REWARD_CLIP, episode_seed
 from conveyor.envs.vector_api import InProcessBackend, StepResult
-from conveyor.presets import NATIVE_VECTOR_ENVS
+from conveyor.presets import NATIVE_VECTOR_ENVS, spec_native_vector_entry
 
 NATIVE_STATE_KIND = "native_vector"
 """``env_state["kind"]`` of a checkpoint made on this backend (an ``EnvHistory``'s state has no ``kind``)."""
 
 
 def native_entry_point(cfg: EnvCfg) -> str:
-    """The vector entry point of ``cfg.id``'s registry spec when this backend steps it, else ""."""
-    spec = registered_spec(cfg.id)
-    entry = spec.vector_entry_point if spec is not None else None
-    return entry if isinstance(entry, str) and entry in NATIVE_VECTOR_ENVS else ""
+    """The vector entry point of ``cfg.id``'s registry spec when this backend steps it, else "" (a ``MODULE:ID``
+    env's too, once its module registered it: unlike ``presets.native_vector_entry``)."""
+    return spec_native_vector_entry(registered_spec(cfg.id))
 
 
 def native_vector_refusal(cfg: EnvCfg) -> str:
