@@ -511,6 +511,21 @@ ARCH_ALGO_FAMILY: dict[tuple[str, str, str], dict[str, Any]] = {
                            lambda cfg: 1e-2 if native_vector_entry(cfg.env.id)  # above (the lr grows with the
                            else ALGO_FAMILY[("a2c", "classic-discrete")]["algo.lr"]),  # batch, PAAC 5.1: 0.0007 n_e)
     },
+    ("paac", "ppo", "classic-continuous"): {  # rl-zoo's PPO recipe for Pendulum-v1 (ppo.yml), flag for flag: one
+        # seed of it crossed -250 at 61k steps in 62 s, where the ppo/classic-continuous values (16 envs x 64,
+        # lr 3e-4, normalized observations and rewards, no gSDE) took 200k-354k steps, 181-317 s (the race,
+        # seeds 0-2; docs/benchmarks-log.md "Fastest to a trained agent, round 4")
+        "env.num_envs": 4,  # source: rl-zoo ppo.yml Pendulum-v1 n_envs 4
+        "arch.unroll": 1024,  # source: rl-zoo ppo.yml Pendulum-v1 n_steps 1024
+        "algo.ppo_minibatches": 64,  # source: rl-zoo ppo.yml Pendulum-v1 batch_size 64 (SB3 default): 4096 / 64
+        "algo.lr": 1e-3,  # source: rl-zoo ppo.yml Pendulum-v1 learning_rate 1e-3
+        "model.gsde": True,  # source: rl-zoo ppo.yml Pendulum-v1 use_sde True
+        "model.gsde_interval": 4,  # source: rl-zoo ppo.yml Pendulum-v1 sde_sample_freq 4
+        "model.log_std_init": 0.0,  # source: SB3 ActorCriticPolicy log_std_init 0.0 (rl-zoo sets none for Pendulum)
+        "model.normalize_obs": False,  # source: rl-zoo ppo.yml Pendulum-v1: no normalize
+        "env.normalize_reward": False,  # source: rl-zoo ppo.yml Pendulum-v1: no normalize
+        "algo.value_coef": 1.0,  # source: SB3 PPO vf_coef 0.5 on the squared error; conveyor's value loss is half it
+    },
     ("hts", "a2c", "classic-discrete"): {
         "env.normalize_reward": False,  # source: HTS-RL section 4 (determinism): the executors' envs keep the
         # statistics, which a checkpoint does not hold, so a resumed run would not reach the uninterrupted one's
