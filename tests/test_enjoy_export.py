@@ -42,7 +42,8 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     cfgs = {
         "paac": RunCfg(**_cartpole(total_steps=400), model=ModelCfg(hidden=(16,))),
-        "pendulum": RunCfg(env=EnvCfg(id="Pendulum-v1", num_envs=2, num_workers=1), model=ModelCfg(hidden=(16,)),
+        "pendulum": RunCfg(env=EnvCfg(id="Pendulum-v1", num_envs=2, num_workers=1, normalize_reward=True),
+                           model=ModelCfg(hidden=(16,), normalize_obs=True),
                            algo=AlgoCfg(name="ppo", ppo_epochs=1, ppo_minibatches=1), arch=ArchCfg(unroll=16),
                            total_steps=64, progress=False, torch_threads=1, seed=0),
         "r2d2": RunCfg(env=EnvCfg(id="CartPole-v1", num_envs=2, num_workers=1),
@@ -109,7 +110,7 @@ def test_load_policy_acts_validly_and_deterministically(runs, name):
 
 def test_continuous_actions_are_clipped_to_the_bounds_and_float32(runs):
     policy = load_policy(runs["pendulum"])
-    assert policy.cfg.model.normalize_obs  # the Pendulum preset: statistics come with the weights
+    assert policy.cfg.model.normalize_obs  # the statistics come with the weights
     low, high = policy.action_space.low, policy.action_space.high
     far = np.full((64, 3), 50.0, np.float32) * np.sign(np.random.default_rng(0).standard_normal((64, 3)))
     for deterministic in (True, False):
@@ -196,7 +197,7 @@ def test_enjoy_prints_one_line_per_episode_and_records_every_frame(runs, tmp_pat
 
 
 def test_enjoy_returns_are_raw_env_returns(runs):
-    """The Pendulum preset normalizes training rewards; enjoy reports the env's own: the sum of the rewards a plain
+    """The Pendulum run normalizes training rewards; enjoy reports the env's own: the sum of the rewards a plain
     gymnasium Pendulum gives for the same actions from the same seed."""
     from conveyor.enjoy import play
 

@@ -174,7 +174,9 @@ def test_the_pendulum_preset_of_seed_vtrace_is_rl_zoos_a2c_recipe_and_flags_win(
                       model=ModelCfg(gsde=False, weight_init="orthogonal"))
     assert (explicit.model.gsde, explicit.model.weight_init) == (False, "orthogonal")
     assert RunCfg(env=EnvCfg(id="Pendulum-v1"), arch=ArchCfg(name="paac")).model.gsde  # A2C: the same recipe
-    assert not RunCfg(env=EnvCfg(id="Pendulum-v1"), arch=ArchCfg(name="paac"), algo=AlgoCfg(name="ppo")).model.gsde
+    paac_ppo = RunCfg(env=EnvCfg(id="Pendulum-v1"), arch=ArchCfg(name="paac"), algo=AlgoCfg(name="ppo"))
+    assert (paac_ppo.model.gsde, paac_ppo.model.gsde_interval, paac_ppo.arch.unroll) == (True, 4, 1024)  # rl-zoo PPO
+    assert not RunCfg(env=EnvCfg(id="Pendulum-v1"), arch=ArchCfg(name="hts"), algo=AlgoCfg(name="ppo")).model.gsde
 
 
 def test_a_config_json_from_before_gsde_reads_as_that_run_was_trained(tmp_path):

@@ -205,8 +205,11 @@ def test_derived_values_see_the_resolved_config():
 def test_python_api_gets_the_preset():
     cfg = RunCfg(env=EnvCfg(id="Pendulum-v1"), algo=AlgoCfg(name="ppo"))
     assert (cfg.algo.gamma, cfg.algo.entropy_coef, cfg.model.normalize_obs, cfg.env.normalize_reward) == (
-        0.9, 0.0, True, True)
+        0.9, 0.0, False, False)
     assert cfg.preset_sources["algo.gamma"] == "classic-continuous"
+    assert cfg.preset_sources["model.normalize_obs"] == "paac/ppo/classic-continuous"  # rl-zoo's PPO Pendulum recipe
+    hts = RunCfg(env=EnvCfg(id="Pendulum-v1"), arch=ArchCfg(name="hts"), algo=AlgoCfg(name="ppo"))
+    assert (hts.model.normalize_obs, hts.env.normalize_reward) == (True, True)
 
 
 def test_algorithm_defaults_to_the_architectures_own_and_impact_presets_fix_theirs():
