@@ -147,12 +147,17 @@ def test_merge_keeps_earlier_rows_that_a_rerun_does_not_replace(tmp_path):
                      ("CartPole-v1", "paac/a2c", "1", "104.0"), ("Acrobot-v1", "paac/a2c", "0", "54.0")]
     text = (tmp_path / "results.md").read_text()
     assert "(CartPole-v1 10, Acrobot-v1 10)" in text and "seeds 0,1." in text
-    assert "4 runs, 3 of them kept from earlier invocations" in text
+    assert "4 runs on " in text and "from 3 invocations merged with `--merge`: " in text
+    with open(tmp_path / "invocations.csv") as f:
+        assert [int(row["runs"]) for row in csv.DictReader(f)] == [3, 1, 1]  # each invocation's own runs
     assert "| paac/a2c | 2/2 | 79.0 s (54.0 s - 104.0 s) |" in text
     assert "#### Acrobot-v1" in text and (tmp_path / "race_Acrobot-v1.png").is_file()
     write_race_results(Suite("race", "fresh", (), race_envs=(acrobot,)), tmp_path, acro, 5.0)  # no --merge
     with open(tmp_path / "race.csv") as f:
         assert [row["env"] for row in csv.DictReader(f)] == ["Acrobot-v1"]
+    with open(tmp_path / "invocations.csv") as f:
+        assert len(list(csv.DictReader(f))) == 1  # a fresh table: this invocation's alone
+    assert "1 run in 5 s on " in (tmp_path / "results.md").read_text()
 
 
 # ---- the suite -----------------------------------------------------------------------------------------

@@ -32,7 +32,9 @@ half the seeds reached), min and max.
 
 Results (``write_race_results``): ``race.csv`` (every run), ``race_summary.csv``
 (every env and contender over seeds), ``results.md`` (a table per env) and
-``race_<env>.png`` (time to threshold, log scale, min-max whiskers).
+``race_<env>.png`` (time to threshold, log scale, min-max whiskers), ``invocations.csv`` (when, at which commit
+and with which command each invocation whose rows the folder holds ran: ``--merge`` appends one, and the page
+lists them).
 """
 
 from __future__ import annotations
@@ -44,6 +46,9 @@ import json
 import math
 import os
 import platform
+import shlex
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,7 +66,10 @@ if TYPE_CHECKING:
     from conveyor.config import RunCfg
 
 HOUR = 3600.0
-RACE_CSV, SUMMARY_CSV = "race.csv", "race_summary.csv"
+RACE_CSV, SUMMARY_CSV, INVOCATIONS_CSV = "race.csv", "race_summary.csv", "invocations.csv"
+INVOCATION_FIELDS = ("date", "commit", "command", "runs", "elapsed_s", "load", "note")
+"""``invocations.csv``: one row per invocation whose rows the results folder holds (``--merge`` appends), so the
+page says when, at which commit and with which command each of its rows ran."""
 DEFAULT_SEEDS = (0, 1, 2)
 
 
@@ -470,21 +478,63 @@ def plot_race(env: RaceEnv, results: Sequence[dict[str, Any]], out_dir: Path) ->
     return _save(fig, out_dir / f"race_{file_safe(env.id)}.png", plt)
 
 
+def source_commit() -> str:
+    """The short commit of the conveyor checkout this runs from ("" outside a git checkout)."""
+    try:
+        found = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent,
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return found.stdout.strip() if found.returncode == 0 else ""
+
+
+def this_invocation(runs: int, elapsed_s: float, load: str) -> dict[str, Any]:
+    """This process's row of ``invocations.csv``."""
+    return {"date": time.strftime("%Y-%m-%d %H:%M"), "commit": source_commit(),
+            "command": shlex.join(["conveyor", *sys.argv[1:]]), "runs": runs, "elapsed_s": round(elapsed_s),
+            "load": load, "note": ""}
+
+
+def read_invocations(path: Path) -> list[dict[str, Any]]:
+    import csv
+
+    if not path.is_file():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _runs(count: int) -> str:
+    return f"{count} run" + ("" if count == 1 else "s")
+
+
+def invocation_text(invocation: dict[str, Any]) -> str:
+    parts = [invocation["date"] or "date unknown", f"commit {invocation['commit'] or 'unknown'}",
+             f"`{invocation['command']}`",
+             _runs(int(invocation["runs"])) + (f" in {invocation['elapsed_s']} s" if invocation["elapsed_s"] else "")]
+    if invocation["load"]:
+        parts.append(f"load average {invocation['load']}")
+    return ", ".join(parts) + (f" ({invocation['note']})" if invocation.get("note") else "")
+
+
 def race_report(suite: Suite, results: Sequence[dict[str, Any]], runs: int, elapsed_s: float,
-                plots: Sequence[str], load: str, earlier: int = 0) -> str:
-    """The race's page; ``earlier``: how many of the ``runs`` rows came from earlier invocations (``--merge``)."""
+                plots: Sequence[str], load: str, invocations: Sequence[dict[str, Any]] = ()) -> str:
+    """The race's page; ``invocations``: those whose rows the ``runs`` are, when more than this one (``--merge``)."""
     from importlib.metadata import version
 
     command = "conveyor bench --suite race" + (" --quick" if suite.name.endswith("-quick") else
                                                " --full" if suite.name.endswith("-full") else "")
-    count = (f"{runs} runs, {earlier} of them kept from earlier invocations (`--merge`: when and at which commit "
-             f"each ran, the benchmarks log says); the last invocation's {runs - earlier} in {elapsed_s:.0f} s"
-             if earlier else f"{runs} runs in {elapsed_s:.0f} s")
+    machine = (f"{os.cpu_count()} cores ({platform.machine()}, Python {platform.python_version()}, torch "
+               f"{version('torch')})")
+    if len(invocations) > 1:
+        provenance = (f"{_runs(runs)} on {machine}, from {len(invocations)} invocations merged with `--merge`: "
+                      + "; ".join(invocation_text(invocation) for invocation in invocations) + ".")
+    else:
+        provenance = (f"{_runs(runs)} in {elapsed_s:.0f} s on {machine}, {time.strftime('%Y-%m-%d')}; `{command}`; "
+                      f"load average {load}.")
     lines = [
         f"Suite `{suite.name}`: {suite.description}.", "",
-        f"{count} on {os.cpu_count()} cores ({platform.machine()}, Python "
-        f"{platform.python_version()}, torch {version('torch')}), {time.strftime('%Y-%m-%d')}; `{command}`; "
-        f"load average {load}.", "",
+        provenance, "",
         "Time to threshold: seconds from just before the run's process was spawned (Python start-up and imports "
         f"count) to the end of the first episode at which the mean return of the last {WINDOW} training episodes "
         "reached the threshold, within the caps (time and env steps); every contender stops there. Median over "
@@ -554,19 +604,25 @@ def write_race_results(suite: Suite, out: Path, rows: list[dict[str, Any]], elap
     raced = [race_row(row, goals[row["env"]]) for row in rows if row["env"] in goals]
     for row in raced:  # in race.csv too, so a later --merge still shows what a kept row ran with
         row["settings"] = row["settings"] or settings.get((row["env"], row["contender"]), "")
-    earlier = 0
+    load = " / ".join(f"{value:.1f}" for value in os.getloadavg()) + " (1 / 5 / 15 min, at the end)"
+    invocations = [this_invocation(len(raced), elapsed_s, load)]
     if merge and (out / RACE_CSV).is_file():
-        suite, raced, earlier = merged_rows(out, suite, raced)
+        suite, raced, kept = merged_rows(out, suite, raced)
+        earlier = read_invocations(out / INVOCATIONS_CSV)
+        if kept and not earlier:  # a results folder from before invocations.csv
+            earlier = [{"date": "", "commit": "", "command": "earlier invocations", "runs": kept, "elapsed_s": "",
+                        "load": "", "note": "not recorded: from before invocations.csv"}]
+        invocations[:0] = earlier
     write_csv(out / RACE_CSV, raced, RACE_FIELDS)
+    write_csv(out / INVOCATIONS_CSV, invocations, INVOCATION_FIELDS)
     results = summarize(raced, settings)
     write_csv(out / SUMMARY_CSV, results, SUMMARY_FIELDS)
     plots = [path for env in suite.race_envs
              if (path := plot_race(env, [r for r in results if r["env"] == env.id], out)) is not None]
-    load = " / ".join(f"{value:.1f}" for value in os.getloadavg()) + " (1 / 5 / 15 min, at the end)"
     (out / "results.md").write_text(race_report(suite, results, len(raced), elapsed_s, [p.name for p in plots],
-                                                load, earlier))
+                                                load, invocations))
     if markdown is not None:
         prefix = os.path.relpath(out, markdown.parent)
         body = race_report(suite, results, len(raced), elapsed_s, [f"{prefix}/{p.name}" for p in plots], load,
-                           earlier)
+                           invocations)
         update_markdown_section(markdown, suite.name, body)
