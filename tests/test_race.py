@@ -138,7 +138,9 @@ def test_merge_keeps_earlier_rows_that_a_rerun_does_not_replace(tmp_path):
     before = (tmp_path / "race_summary.csv").read_text()
     rerun = [fake_run(tmp_path / "b", "p-s1", [20.0] * 100, seed=1, startup=54.0)]  # the same contender and seed
     acro = [fake_run(tmp_path / "b", "q-s0", [20.0] * 100, env="Acrobot-v1")]
-    write_race_results(Suite("race", "second", (), race_envs=(acrobot,)), tmp_path, acro, 5.0, merge=True)
+    for elapsed in (2.0, 5.0):  # as run_suite does: the results rewritten after each run, one invocation
+        write_race_results(Suite("race", "second", (), race_envs=(acrobot,)), tmp_path, acro, elapsed, merge=True,
+                           started_unix=1e9)
     assert (tmp_path / "race_summary.csv").read_text().startswith(before.rstrip("\n"))  # CartPole's lines as they were
     write_race_results(Suite("race", "third", (), race_envs=(cartpole,)), tmp_path, rerun, 5.0, merge=True)
     with open(tmp_path / "race.csv") as f:

@@ -44,12 +44,13 @@ __all__ = ["add_arguments", "device_name", "main", "publish_results", "run_suite
 
 
 def write_suite_results(suite: Suite, out: Path, rows: list[dict[str, Any]], elapsed_s: float,
-                        markdown: Path | None = None, merge: bool = False) -> None:
+                        markdown: Path | None = None, merge: bool = False, started_unix: float | None = None) -> None:
     """The results folder: ``report.write_results``; for the race, ``results.csv`` and ``race.write_race_results``
-    (``merge``: keeping ``out``'s earlier race rows that these runs do not redo)."""
+    (``merge``: keeping ``out``'s earlier race rows that these runs do not redo; ``started_unix``: when the
+    invocation started)."""
     if suite.race_envs:
         write_csv(out / "results.csv", rows, ROW_FIELDS)
-        write_race_results(suite, out, rows, elapsed_s, markdown=markdown, merge=merge)
+        write_race_results(suite, out, rows, elapsed_s, markdown=markdown, merge=merge, started_unix=started_unix)
     else:
         write_results(suite, out, rows, elapsed_s, markdown=markdown)
 
@@ -67,15 +68,16 @@ def run_suite(suite: Suite, out_dir: Path | str, *, log: Callable[[str], None] =
     except OSError as error:
         raise ConfigError(f"bench output dir {out} is not writable ({error.strerror}): pass another --out") from None
     rows: list[dict[str, Any]] = []
-    started = time.perf_counter()
+    started, started_unix = time.perf_counter(), time.time()
     for index, run in enumerate(suite.runs, 1):
         log(f"[{index}/{len(suite.runs)}] {run.label} ...")
         row = execute(run, out / "runs" / run.name)
         rows.append(row)
         log(f"    {row_line(row)}")
-        write_suite_results(suite, out, rows, time.perf_counter() - started, markdown=None, merge=merge)
+        write_suite_results(suite, out, rows, time.perf_counter() - started, markdown=None, merge=merge,
+                            started_unix=started_unix)
     elapsed = time.perf_counter() - started
-    write_suite_results(suite, out, rows, elapsed, markdown=markdown, merge=merge)
+    write_suite_results(suite, out, rows, elapsed, markdown=markdown, merge=merge, started_unix=started_unix)
     counts = {status: sum(row["status"] == status for row in rows) for status in ("ok", "failed", "skipped")}
     log(f"suite {suite.name}: {counts['ok']} ok, {counts['failed']} failed, {counts['skipped']} skipped in "
         f"{elapsed:.0f}s; results in {out}")

@@ -67,7 +67,7 @@ if TYPE_CHECKING:
 
 HOUR = 3600.0
 RACE_CSV, SUMMARY_CSV, INVOCATIONS_CSV = "race.csv", "race_summary.csv", "invocations.csv"
-INVOCATION_FIELDS = ("date", "commit", "command", "runs", "elapsed_s", "load", "note")
+INVOCATION_FIELDS = ("date", "commit", "command", "runs", "elapsed_s", "load", "note", "started_unix")
 """``invocations.csv``: one row per invocation whose rows the results folder holds (``--merge`` appends), so the
 page says when, at which commit and with which command each of its rows ran."""
 DEFAULT_SEEDS = (0, 1, 2)
@@ -488,11 +488,12 @@ def source_commit() -> str:
     return found.stdout.strip() if found.returncode == 0 else ""
 
 
-def this_invocation(runs: int, elapsed_s: float, load: str) -> dict[str, Any]:
-    """This process's row of ``invocations.csv``."""
-    return {"date": time.strftime("%Y-%m-%d %H:%M"), "commit": source_commit(),
+def this_invocation(runs: int, elapsed_s: float, load: str, started_unix: float) -> dict[str, Any]:
+    """The row of ``invocations.csv`` of this process's invocation, started at ``started_unix`` (its key: the
+    suite rewrites the results after every run, and each rewrite updates the same row)."""
+    return {"date": time.strftime("%Y-%m-%d %H:%M", time.localtime(started_unix)), "commit": source_commit(),
             "command": shlex.join(["conveyor", *sys.argv[1:]]), "runs": runs, "elapsed_s": round(elapsed_s),
-            "load": load, "note": ""}
+            "load": load, "note": "", "started_unix": f"{started_unix:.3f}"}
 
 
 def read_invocations(path: Path) -> list[dict[str, Any]]:
@@ -594,9 +595,11 @@ def merged_rows(out: Path, suite: Suite, raced: list[dict[str, Any]]) -> tuple[S
 
 
 def write_race_results(suite: Suite, out: Path, rows: list[dict[str, Any]], elapsed_s: float,
-                       markdown: Path | None = None, merge: bool = False) -> None:
-    """``race.csv``, ``race_summary.csv``, the charts and ``results.md`` (and ``markdown``'s race section).
-    ``merge``: with the rows of ``out``'s earlier ``race.csv`` that ``rows`` do not rerun (``merged_rows``)."""
+                       markdown: Path | None = None, merge: bool = False, started_unix: float | None = None) -> None:
+    """``race.csv``, ``race_summary.csv``, the charts, ``invocations.csv`` and ``results.md`` (and ``markdown``'s
+    race section). ``merge``: with the rows of ``out``'s earlier ``race.csv`` that ``rows`` do not rerun
+    (``merged_rows``) and its earlier invocations. ``started_unix``: when this invocation started (None: now less
+    ``elapsed_s``); a rewrite by the same invocation replaces its row."""
     from conveyor.bench.report import update_markdown_section, write_csv
 
     goals = {env.id: env.goal() for env in suite.race_envs}
@@ -605,10 +608,12 @@ def write_race_results(suite: Suite, out: Path, rows: list[dict[str, Any]], elap
     for row in raced:  # in race.csv too, so a later --merge still shows what a kept row ran with
         row["settings"] = row["settings"] or settings.get((row["env"], row["contender"]), "")
     load = " / ".join(f"{value:.1f}" for value in os.getloadavg()) + " (1 / 5 / 15 min, at the end)"
-    invocations = [this_invocation(len(raced), elapsed_s, load)]
+    started = time.time() - elapsed_s if started_unix is None else started_unix
+    invocations = [this_invocation(len(raced), elapsed_s, load, started)]
     if merge and (out / RACE_CSV).is_file():
         suite, raced, kept = merged_rows(out, suite, raced)
-        earlier = read_invocations(out / INVOCATIONS_CSV)
+        earlier = [row for row in read_invocations(out / INVOCATIONS_CSV)
+                   if row.get("started_unix") != invocations[0]["started_unix"]]
         if kept and not earlier:  # a results folder from before invocations.csv
             earlier = [{"date": "", "commit": "", "command": "earlier invocations", "runs": kept, "elapsed_s": "",
                         "load": "", "note": "not recorded: from before invocations.csv"}]
