@@ -165,6 +165,7 @@ def race_suite(seeds: Sequence[int] | None = None, *, quick: bool = False, full:
 
     seeds = tuple(seeds or ((0,) if quick else DEFAULT_SEEDS))
     envs = tuple(envs) if envs is not None else race_envs(quick, full)
+    source_commit()  # the commit this invocation starts from, for invocations.csv
     runs: list[BenchRun] = []
     for env in envs:
         missing = env.package and importlib.util.find_spec(env.package) is None
@@ -478,8 +479,10 @@ def plot_race(env: RaceEnv, results: Sequence[dict[str, Any]], out_dir: Path) ->
     return _save(fig, out_dir / f"race_{file_safe(env.id)}.png", plt)
 
 
+@functools.cache
 def source_commit() -> str:
-    """The short commit of the conveyor checkout this runs from ("" outside a git checkout)."""
+    """The short commit of the conveyor checkout this runs from ("" outside a git checkout), as it was at the first
+    call: ``race_suite`` makes it when the invocation starts, before runs during which the checkout may move on."""
     try:
         found = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent,
                                capture_output=True, text=True, timeout=10)
