@@ -279,11 +279,11 @@ class Minibatches:
         self.T, self.envs = batch["rewards"].shape[:2]
         self.whole: dict[str, Tensor] | None = None
         if steps and "advantages" in batch:
-            # every rank gathers a mask, also one whose batch has none (all its steps valid)
-            valid = batch.get("valid", torch.ones_like(batch["rewards"], dtype=torch.bool))
-            self.whole = {key: share.gather_columns(tensor)
-                          for key, tensor in (("rewards", batch["rewards"]), ("advantages", batch["advantages"]),
-                                              ("valid", valid))}
+            valid = batch.get("valid")  # every rank gathers a mask, also one whose batch has none (all valid)
+            self.whole = {"rewards": share.gather_columns(batch["rewards"]),
+                          "advantages": share.gather_columns(batch["advantages"]),
+                          "valid": share.gather_columns(torch.ones_like(batch["rewards"], dtype=torch.bool)
+                                                        if valid is None else valid)}
 
     @property
     def groups(self) -> int:
