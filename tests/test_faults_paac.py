@@ -23,6 +23,7 @@ def tagged_cfg(tmp_path, **overrides) -> RunCfg:
     return RunCfg(**{**base, **overrides})
 
 
+@pytest.mark.slow  # 9 s; make test keeps PAAC's worker restart in test_hung_envs.py
 def test_killed_env_worker_is_restarted_and_only_its_lost_step_dropped(monkeypatch, tmp_path):
     summary, recorder = train_killing_one(monkeypatch, tagged_cfg(tmp_path), "conveyor.envs.shm_worker")
     # The killed worker's 2 envs lose the step they were taking: nothing more, nothing less.

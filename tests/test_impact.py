@@ -357,6 +357,7 @@ def test_presets_run_one_update_per_batch(tmp_path, preset):
     assert summary["algo"] == ("vtrace" if preset == "impala" else "impact")
 
 
+@pytest.mark.slow  # 8 s; make test keeps IMPACT's worker deaths in test_faults_impact.py (repeated deaths)
 def test_dead_worker_stops_the_run_with_its_name_and_leaves_no_process(tmp_path):
     from conveyor.architectures.impact.collector import pool_specs
     from conveyor.architectures.impact.workers import Workers

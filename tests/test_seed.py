@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 import torch
 
-from conveyor.architectures.seed.actor import _drain
+from conveyor.architectures.seed.actor import STOP_GRACE_S, _drain
 from conveyor.config import EnvCfg
 from conveyor.storage.schema import FieldSpec
 from conveyor.storage.unrolls import PartialUnrolls, UnrollQueue
@@ -546,6 +546,23 @@ def test_actor_with_a_wrong_or_missing_token_prints_one_line_and_exits_2(cartpol
     wait_until(lambda: cartpole_server.stats.counters["unrolls"] > before, what="the good actor to keep going")
     good.terminate()
     good.communicate(timeout=30)
+
+
+def test_sigterm_or_ctrl_c_mid_stream_ends_an_actor_with_128_plus_the_signal(cartpole_server):
+    """A signal lands at any point of the step loop. A handler that raised there once left grpc's stream lock
+    taken and the actor hung in ``call.cancel()``; now each actor closes its stream and envs and exits."""
+    signals = [signal.SIGTERM, signal.SIGINT, signal.SIGTERM, signal.SIGINT]
+    actors = [actor_process(cartpole_server.address) for _ in signals]
+    wait_until(lambda: cartpole_server.stats.actors_connected == len(actors), what="every actor to connect")
+    for index, (proc, sig) in enumerate(zip(actors, signals)):
+        before = cartpole_server.stats.counters["unrolls"]
+        wait_until(lambda: cartpole_server.stats.counters["unrolls"] > before, what="the actors to keep stepping")
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=STOP_GRACE_S + 30)
+        assert proc.returncode == 128 + sig, err
+        assert "Traceback" not in err, err
+        wait_until(lambda: cartpole_server.stats.actors_connected == len(actors) - index - 1,
+                   what="the stopped actor's stream to close")
 
 
 def test_killed_actor_loses_only_its_partial_unrolls_and_a_restarted_one_rejoins(cartpole_server):

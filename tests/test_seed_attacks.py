@@ -298,6 +298,7 @@ def fuzz_calls(address: str, seed: int, deadline: float, codes: list[str]) -> No
         channel.close()
 
 
+@pytest.mark.slow  # 5 s of fuzzing; make test keeps each malformed call's own test above
 def test_fuzzed_calls_never_stop_the_server_serving_an_honest_actor(live):
     """Four threads make random calls for 5 s: random bytes, random Hello and Step field values (NaN, huge
     shapes, junk dtypes), random orders, with the token, without it and with wrong ones. No call may break the

@@ -142,6 +142,7 @@ def test_study_of_another_env_is_refused_and_kept(tmp_path, capsys):
 
 
 # ---- studies (real runs: each trial is a `conveyor train` process) ------------------------------------------------
+@pytest.mark.slow  # 8 s of real trials; make test keeps the study's bookkeeping above
 def test_one_trial_study_writes_best_toml_that_train_runs(tmp_path, capsys):
     out = tmp_path / "study"
     assert main(["tune", *SMALL, "--trials", "1", "--steps", "2000", "--jobs", "1", "--out", str(out)]) == 0

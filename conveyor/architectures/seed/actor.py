@@ -22,7 +22,9 @@ once per process, from the env config and seed of the first Welcome; a
 restarted actor process builds them from its new Welcome, whose seed differs
 from every earlier one (``seed.server.actor_env_seed``). A refused
 token prints one line and exits 2; a learner that finished training ends
-the stream with OK and the actor exits 0. An env worker that dies or hangs
+the stream with OK and the actor exits 0. SIGTERM (and Ctrl-C where the
+actor is not a local one) closes the stream and the envs and exits 128 plus
+the signal's number (``stop_on_signals``). An env worker that dies or hangs
 (``--env-step-timeout-s``, from the learner's env config) prints one line
 and exits 3. A local actor dies with the learner that started it.
 
@@ -42,6 +44,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -60,6 +63,9 @@ EXIT_REFUSED = 2
 EXIT_LOST = 1
 EXIT_ENVS_FAILED = 3
 _MAX_BACKOFF_S = 5.0
+STOP_GRACE_S = 10.0
+"""After a stop signal, the seconds the actor has to close its stream and envs before it exits regardless (an env
+step that hangs); its env workers die with it (``die_with_parent``)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -91,17 +97,18 @@ def main(args: argparse.Namespace) -> int:
             tls_ca = Path(args.tls_ca).read_bytes()
         except OSError as error:
             raise ConfigError(f"cannot read --tls-ca {args.tls_ca} ({error.strerror})") from None
+    stop_signals = [signal.SIGTERM]
     if os.environ.get(LOCAL_ACTOR_ENV):
         for sig in (signal.SIGINT, signal.SIGHUP):  # the learner handles Ctrl-C and a closed terminal, and stops us
             signal.signal(sig, signal.SIG_IGN)
         die_with_parent(int(os.environ[PARENT_PID_ENV]))  # even while an env hangs (then ours die with us)
-    signal.signal(signal.SIGTERM, _exit_on_signal)
+    else:
+        stop_signals.append(signal.SIGINT)
     actor = Actor(args.learner, token, args.num_envs, args.num_workers, tls_ca=tls_ca, retry_s=args.retry_s,
                   max_message_bytes=args.max_message_bytes)
+    stop_on_signals(actor, stop_signals)
     try:
         return actor.run()
-    except KeyboardInterrupt:
-        return 130
     except WorkerFailure as error:  # an env worker died or hung: a local actor is restarted by the learner
         print(f"conveyor actor: error: {error}", file=sys.stderr)
         return EXIT_ENVS_FAILED
@@ -114,8 +121,27 @@ def actor_name(pid: int, hostname: str = "") -> str:
     return f"{hostname or socket.gethostname()}:{pid}"
 
 
-def _exit_on_signal(signum: int, frame: Any) -> None:
-    raise SystemExit(128 + signum)
+def stop_on_signals(actor: Actor, signals: list[signal.Signals]) -> None:
+    """Make each of ``signals`` stop ``actor``: its ``run`` returns 128 + the signal's number, after which the
+    process exits within ``STOP_GRACE_S`` in any case.
+
+    The handler only writes the signal's number down a pipe, and a thread of ours reads it and calls
+    ``actor.stop``. A handler runs in the main thread between two bytecodes, where grpc may hold the stream's
+    lock: raising SystemExit there once left that lock taken, and the actor hung in ``call.cancel()`` for good."""
+    read_fd, write_fd = os.pipe()
+
+    def handler(signum: int, frame: Any) -> None:
+        os.write(write_fd, bytes([signum]))
+
+    def stop_then_exit() -> None:
+        signum = os.read(read_fd, 1)[0]
+        actor.stop(signum)
+        time.sleep(STOP_GRACE_S)  # the process ends before this when run() returns (a daemon thread)
+        os._exit(128 + signum)
+
+    threading.Thread(target=stop_then_exit, name="conveyor-actor-stop", daemon=True).start()
+    for sig in signals:
+        signal.signal(sig, handler)
 
 
 class Refused(Exception):
@@ -148,6 +174,15 @@ class Actor:
         self.rng = np.random.default_rng()
         self.steps = 0
         self.unanswered_returns: np.ndarray | None = None  # of the last Step sent that got no reply yet
+        self.stopping = threading.Event()
+        self.stop_signal = 0  # the signal's number that stop() was given
+
+    def stop(self, signum: int) -> None:
+        """Make ``run`` return 128 + ``signum``: closing the channel ends the stream the main thread waits on.
+        From another thread than ``run``'s, never from a signal handler (it takes grpc's locks)."""
+        self.stop_signal = signum
+        self.stopping.set()
+        self.channel.close()
 
     def run(self) -> int:
         import grpc
@@ -155,10 +190,11 @@ class Actor:
         lost_since: float | None = None
         backoff = 0.1
         parent = int(os.environ.get(PARENT_PID_ENV, "0"))
-        while True:
+        while not self.stopping.is_set():
             try:
                 self._session()
-                return 0  # the learner ended the stream with OK: training is over
+                if not self.stopping.is_set():
+                    return 0  # the learner ended the stream with OK: training is over
             except Refused as error:
                 print(f"conveyor actor: error: {error}", file=sys.stderr)
                 return EXIT_REFUSED
@@ -177,19 +213,27 @@ class Actor:
                     return EXIT_LOST
                 if parent and os.getppid() != parent:
                     return EXIT_LOST  # the learner that started us is gone
-                time.sleep(backoff * (1.0 + random.random()))
+                self.stopping.wait(backoff * (1.0 + random.random()))
                 backoff = min(2 * backoff, _MAX_BACKOFF_S)
                 continue
             finally:
                 if self.steps:  # this session made progress: a later loss starts a fresh backoff
                     lost_since, backoff, self.steps = None, 0.1, 0
+        return 128 + self.stop_signal
 
     def _session(self) -> None:
         """One stream: Hello, Welcome, then step until the stream ends (returns) or breaks (raises)."""
+        import grpc
+
         from conveyor.architectures.seed import seed_pb2, wire
 
         outbox: queue.Queue[Any] = queue.Queue()
-        call = self.stub.Act(_drain(outbox), metadata=auth_metadata(self.token))
+        try:
+            call = self.stub.Act(_drain(outbox), metadata=auth_metadata(self.token))
+        except ValueError:  # "Cannot invoke RPC on closed channel!"
+            if self.stopping.is_set():
+                return
+            raise
         try:
             outbox.put(seed_pb2.ActorMessage(hello=seed_pb2.Hello(
                 protocol=PROTOCOL_VERSION, num_envs=self.num_envs, actor_name=self.name)))
@@ -214,7 +258,13 @@ class Actor:
                 sent = time.perf_counter()
                 outbox.put(message)
         except StopIteration:  # the stream closed before Welcome
+            if self.stopping.is_set():
+                return
             raise Refused("the learner closed the stream before welcoming this actor") from None
+        except grpc.RpcError:
+            if self.stopping.is_set():
+                return  # stop() closed the channel under this stream
+            raise
         finally:
             outbox.put(None)
             call.cancel()
