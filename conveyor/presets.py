@@ -511,14 +511,19 @@ ARCH_ALGO_FAMILY: dict[tuple[str, str, str], dict[str, Any]] = {
                            lambda cfg: 1e-2 if native_vector_entry(cfg.env.id)  # above (the lr grows with the
                            else ALGO_FAMILY[("a2c", "classic-discrete")]["algo.lr"]),  # batch, PAAC 5.1: 0.0007 n_e)
     },
-    ("paac", "ppo", "classic-continuous"): {  # rl-zoo's PPO recipe for Pendulum-v1 (ppo.yml), flag for flag: one
-        # seed of it crossed -250 at 61k steps in 62 s, where the ppo/classic-continuous values (16 envs x 64,
-        # lr 3e-4, normalized observations and rewards, no gSDE) took 200k-354k steps, 181-317 s (the race,
-        # seeds 0-2; docs/benchmarks-log.md "Fastest to a trained agent, round 4")
-        "env.num_envs": 4,  # source: rl-zoo ppo.yml Pendulum-v1 n_envs 4
-        "arch.unroll": 1024,  # source: rl-zoo ppo.yml Pendulum-v1 n_steps 1024
-        "algo.ppo_minibatches": 64,  # source: rl-zoo ppo.yml Pendulum-v1 batch_size 64 (SB3 default): 4096 / 64
-        "algo.lr": 1e-3,  # source: rl-zoo ppo.yml Pendulum-v1 learning_rate 1e-3
+    ("paac", "ppo", "classic-continuous"): {  # rl-zoo's PPO recipe for Pendulum-v1 (ppo.yml), its 4,096 steps a
+        # batch and 10 epochs, in fewer, larger steps for wall-clock. Flag for flag (4 envs x 1024, 64 minibatches,
+        # lr 1e-3) seeds 0-1 crossed -250 at 57k-61k steps in 57-68 s of the command, 70% of it in 640 Adam steps
+        # of 64 samples a batch; 16 envs x 256 (one batched forward acts for 4x the envs), 16 minibatches of 256
+        # and lr 2e-3 took 61k-74k steps in 21-27 s (seeds 0-2, twice), where 4 envs with 16 minibatches at 2e-3
+        # took 38-44 s, 8 envs x 512 26-30 s, 32 x 128 20-31 s (benchmarks/preset_sweep.py,
+        # benchmarks/results/preset_sweep.csv; docs/benchmarks-log.md "Fastest to a trained agent, round 5"). The
+        # ppo/classic-continuous values (16 envs x 64, lr 3e-4, normalized observations and rewards, no gSDE) took
+        # 200k-354k steps, 181-317 s (round 4)
+        "env.num_envs": 16,  # source: tuned here (rl-zoo ppo.yml Pendulum-v1: n_envs 4), as above
+        "arch.unroll": 256,  # source: tuned here: rl-zoo's 4,096 steps a batch over 16 envs (n_steps 1024 x 4)
+        "algo.ppo_minibatches": 16,  # source: tuned here: 256 samples each (rl-zoo batch_size 64), as above
+        "algo.lr": 2e-3,  # source: tuned here with the larger minibatches (rl-zoo learning_rate 1e-3), as above
         "model.gsde": True,  # source: rl-zoo ppo.yml Pendulum-v1 use_sde True
         "model.gsde_interval": 4,  # source: rl-zoo ppo.yml Pendulum-v1 sde_sample_freq 4
         "model.log_std_init": 0.0,  # source: SB3 ActorCriticPolicy log_std_init 0.0 (rl-zoo sets none for Pendulum)

@@ -175,7 +175,7 @@ def test_the_pendulum_preset_of_seed_vtrace_is_rl_zoos_a2c_recipe_and_flags_win(
     assert (explicit.model.gsde, explicit.model.weight_init) == (False, "orthogonal")
     assert RunCfg(env=EnvCfg(id="Pendulum-v1"), arch=ArchCfg(name="paac")).model.gsde  # A2C: the same recipe
     paac_ppo = RunCfg(env=EnvCfg(id="Pendulum-v1"), arch=ArchCfg(name="paac"), algo=AlgoCfg(name="ppo"))
-    assert (paac_ppo.model.gsde, paac_ppo.model.gsde_interval, paac_ppo.arch.unroll) == (True, 4, 1024)  # rl-zoo PPO
+    assert (paac_ppo.model.gsde, paac_ppo.model.gsde_interval, paac_ppo.arch.unroll) == (True, 4, 256)  # rl-zoo PPO, 16 envs
     assert not RunCfg(env=EnvCfg(id="Pendulum-v1"), arch=ArchCfg(name="hts"), algo=AlgoCfg(name="ppo")).model.gsde
 
 
