@@ -5,7 +5,8 @@ parent's ``__main__``) inheriting only the file descriptors named, and writes it
 nothing crossing into a process is ever unpickled. ``close_children`` asks children to stop and ``reap``
 waits for them within one grace period (``CLOSE_GRACE_S``) and kills whoever is left; ``exit_reason`` says
 how one ended; a ``RestartBudget`` counts the restarts of dead children against ``max_restarts`` and stops
-the run with one line when they are spent.
+the run with one line when they are spent. ``SignalRelay`` hands the signals that stop a process to a thread of
+its own, never running stop code inside a signal handler.
 
 Child side: ``child_prologue`` is the first thing every child's entry point runs (it ignores Ctrl-C and SIGHUP, reads
 the spec, restores the parent's ``sys.path``, and ties the child's life to its parent's: ``die_with_parent``);
@@ -24,6 +25,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import types
 import typing
@@ -190,6 +192,51 @@ class RestartBudget:
         self.restarts += 1
         print(f"conveyor: {death}; restarting it ({self.restarts} of at most {self.max_restarts} restarts)",
               file=sys.stderr, flush=True)
+
+
+class SignalRelay:
+    """Calls ``callback(signum)`` on a thread of its own for each of ``signals`` that arrives, until ``close``.
+
+    A Python signal handler runs in the main thread between two of its bytecodes, where that thread may hold a
+    lock: stop code taking the same lock there (``Event.set``, grpc's ``call.cancel``) waits for ever, and an
+    exception raised there can leave a lock taken (a SEED actor hung so in 1 of ~15 SIGTERMs). Here the handler
+    does nothing; the interpreter's C handler writes the signal's number to a pipe
+    (``signal.set_wakeup_fd``) at once, even while the main thread is inside a long C call, and the relay
+    thread reads it from there. Install it from the main thread; ``close`` restores the previous handlers and
+    wakeup fd."""
+
+    _CLOSE = 0  # no signal has number 0: the relay thread's stop request
+
+    def __init__(self, signals: Iterable[int], callback: Any) -> None:
+        self._signals = frozenset(signals)
+        self._callback = callback
+        self._read_fd, self._write_fd = os.pipe()
+        os.set_blocking(self._write_fd, False)
+        self._thread = threading.Thread(target=self._relay, name="conveyor-signals", daemon=True)
+        self._thread.start()
+        self._previous_fd = signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
+        self._previous = {sig: signal.signal(sig, _ignore_in_handler) for sig in self._signals}
+
+    def _relay(self) -> None:
+        while True:
+            signum = os.read(self._read_fd, 1)[0]
+            if signum == self._CLOSE:
+                return
+            if signum in self._signals:  # the wakeup fd also carries other handled signals (SIGALRM)
+                self._callback(signum)
+
+    def close(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        signal.set_wakeup_fd(self._previous_fd)
+        os.write(self._write_fd, bytes([self._CLOSE]))
+        self._thread.join()
+        os.close(self._read_fd)
+        os.close(self._write_fd)
+
+
+def _ignore_in_handler(signum: int, frame: Any) -> None:
+    """The Python-level handler of ``SignalRelay``'s signals: the relay thread acts on them."""
 
 
 # ---- child side --------------------------------------------------------------------------------

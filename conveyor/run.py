@@ -39,6 +39,7 @@ from conveyor.envs.native_vector import check_env_state, loads_natively
 from conveyor.errors import ConfigError, StoppedWhileStarting, WorkerFailure
 from conveyor.files import lock_run_dir, open_append, write_text_atomic
 from conveyor.learner import Learner, LossFn, checkpoint_name, load_latest_checkpoint
+from conveyor.procs import SignalRelay
 from conveyor.telemetry import Telemetry
 from conveyor.tracking import VideoCapture, WandbTracker, flat_config, import_wandb
 
@@ -191,7 +192,7 @@ class Run:
         self.stop_reason = ""
         self.interrupted = threading.Event()  # a signal came: stop a video in flight rather than wait for it
         self._closers: list[Any] = []
-        self._previous_handlers: dict[int, Any] = {}
+        self._signal_relay: SignalRelay | None = None
         self._next_checkpoint = cfg.checkpoint_every or 0
         self._learner: Learner | None = None
         self._resume_state_fn: Any = None
@@ -211,8 +212,7 @@ class Run:
     # ---- lifecycle -----------------------------------------------------------------------
     def __enter__(self) -> "Run":
         if threading.current_thread() is threading.main_thread():
-            for sig in STOP_SIGNALS:
-                self._previous_handlers[sig] = signal.signal(sig, self._on_signal)
+            self._signal_relay = SignalRelay(STOP_SIGNALS, self._on_signal)
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -235,8 +235,8 @@ class Run:
                 self.videos.record_final(self._final_checkpoint, checkpoint_steps(self._final_checkpoint),
                                          stop=self.interrupted.is_set)
             self.videos.stop()
-        for sig, handler in self._previous_handlers.items():
-            signal.signal(sig, handler)
+        if self._signal_relay is not None:
+            self._signal_relay.close()
         self.telemetry.close()
         if self.wandb is not None:
             self.wandb.finish(exit_code=0 if exc is None else 1)
@@ -261,7 +261,7 @@ class Run:
             return
         failure.args = (f"{failure} (traceback in {log})",)
 
-    def _on_signal(self, signum: int, frame: Any) -> None:
+    def _on_signal(self, signum: int) -> None:
         if signum == signal.SIGHUP:
             leave_hung_up_terminal()
         self.interrupted.set()

@@ -48,7 +48,7 @@ from conveyor.errors import ConfigError
 from conveyor.flag_file import read_flag_file, write_flag_file
 from conveyor.hosts import usable_cpus
 from conveyor.presets import ARCH_ALGOS, own_algo
-from conveyor.procs import die_with_parent
+from conveyor.procs import SignalRelay, die_with_parent
 from conveyor.tune_space import Choice, Space, describe, read_space_file, space_for
 
 PARENT_PID_ENV = "CONVEYOR_TUNE_PARENT_PID"
@@ -272,12 +272,12 @@ class Tuner:
         """Run trials on ``jobs`` threads (each waits on its trial's process); True when a signal stopped them."""
         signalled = threading.Event()
 
-        def on_signal(signum: int, frame: Any) -> None:
+        def on_signal(signum: int) -> None:
             signalled.set()
             self.stop.set()
 
         main = threading.current_thread() is threading.main_thread()
-        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)} if main else {}
+        relay = SignalRelay((signal.SIGINT, signal.SIGTERM), on_signal) if main else None
         threads = [threading.Thread(target=self.work, name=f"tune-job-{i}") for i in range(jobs)]
         try:
             for thread in threads:
@@ -289,8 +289,8 @@ class Tuner:
             self.stop.set()
             for thread in threads:
                 thread.join()
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+            if relay is not None:
+                relay.close()
         if self.errors:
             raise self.errors[0]
         return signalled.is_set()

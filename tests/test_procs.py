@@ -193,3 +193,31 @@ def test_children_that_only_step_envs_start_without_importing_torch(entry):
                            capture_output=True, text=True, timeout=PATIENCE_S)
     assert probe.returncode == 0, probe.stderr
     assert probe.stdout.strip() == "False", f"{imports} imports torch"
+
+
+def test_a_relayed_signal_runs_its_callback_off_the_main_thread_even_while_the_main_thread_holds_its_lock():
+    """``SignalRelay``: stop code that takes a lock the main thread holds when the signal lands (an Event's, grpc's)
+    completes once the main thread lets go, where a handler in the main thread would wait for ever."""
+    import threading
+
+    lock, called = threading.Lock(), []
+    done = threading.Event()
+
+    def on_signal(signum: int) -> None:
+        with lock:
+            called.append((signum, threading.current_thread() is threading.main_thread()))
+        done.set()
+
+    previous = signal.getsignal(signal.SIGUSR1)
+    relay = procs.SignalRelay([signal.SIGUSR1], on_signal)
+    try:
+        with lock:
+            os.kill(os.getpid(), signal.SIGUSR1)
+            time.sleep(0.01)  # bytecodes run: the Python-level handler has its chance to run in here
+            assert not called
+        assert done.wait(30), "the relay never called back"
+        assert called == [(signal.SIGUSR1, False)]
+    finally:
+        relay.close()
+    assert signal.getsignal(signal.SIGUSR1) is previous
+    assert signal.set_wakeup_fd(-1) == -1  # close() gave back the previous (no) wakeup fd

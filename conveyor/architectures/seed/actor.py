@@ -55,7 +55,7 @@ from conveyor.config import EnvCfg
 from conveyor.errors import ConfigError, WorkerFailure
 from conveyor.files import open_append
 from conveyor.architectures.seed.protocol import PROTOCOL_VERSION, auth_metadata, channel_options, read_token
-from conveyor.procs import RestartBudget, die_with_parent, exit_reason, reap, terminate
+from conveyor.procs import RestartBudget, SignalRelay, die_with_parent, exit_reason, reap, terminate
 
 LOCAL_ACTOR_ENV = "CONVEYOR_LOCAL_ACTOR"
 PARENT_PID_ENV = "CONVEYOR_PARENT_PID"
@@ -122,26 +122,16 @@ def actor_name(pid: int, hostname: str = "") -> str:
 
 
 def stop_on_signals(actor: Actor, signals: list[signal.Signals]) -> None:
-    """Make each of ``signals`` stop ``actor``: its ``run`` returns 128 + the signal's number, after which the
-    process exits within ``STOP_GRACE_S`` in any case.
+    """Make each of ``signals`` stop ``actor`` (its ``run`` returns 128 + the signal's number), and end the
+    process ``STOP_GRACE_S`` later if it has not ended by then. The relay thread calls ``actor.stop``: in the
+    signal handler it would take grpc's locks, which the main thread may hold there (``SignalRelay``)."""
 
-    The handler only writes the signal's number down a pipe, and a thread of ours reads it and calls
-    ``actor.stop``. A handler runs in the main thread between two bytecodes, where grpc may hold the stream's
-    lock: raising SystemExit there once left that lock taken, and the actor hung in ``call.cancel()`` for good."""
-    read_fd, write_fd = os.pipe()
-
-    def handler(signum: int, frame: Any) -> None:
-        os.write(write_fd, bytes([signum]))
-
-    def stop_then_exit() -> None:
-        signum = os.read(read_fd, 1)[0]
+    def stop_then_exit(signum: int) -> None:
         actor.stop(signum)
         time.sleep(STOP_GRACE_S)  # the process ends before this when run() returns (a daemon thread)
         os._exit(128 + signum)
 
-    threading.Thread(target=stop_then_exit, name="conveyor-actor-stop", daemon=True).start()
-    for sig in signals:
-        signal.signal(sig, handler)
+    SignalRelay(signals, stop_then_exit)
 
 
 class Refused(Exception):
