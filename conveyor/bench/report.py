@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from conveyor.bench.suites import BenchRun, LearningEnv, Suite, reference
+from conveyor.files import atomic_write
 from conveyor.plots import SMOOTHING_EPISODES, RunData, file_safe, load_run, trailing_mean
 
 if TYPE_CHECKING:
@@ -143,8 +144,9 @@ def write_results(suite: Suite, out: Path, rows: list[dict[str, Any]], elapsed_s
 
 
 def write_csv(path: Path, rows: Sequence[dict[str, Any]], fields: Sequence[str] | None = None) -> None:
-    """``rows`` as CSV; the columns are ``fields``, else every key any row has."""
-    with open(path, "w", newline="") as f:
+    """``rows`` as CSV; the columns are ``fields``, else every key any row has. Written whole or not at all
+    (``files.atomic_write``): a row that does not fit the columns leaves the file as it was."""
+    with atomic_write(path, text=True) as f:
         writer = csv.DictWriter(f, fieldnames=list(fields or sorted({key for row in rows for key in row})))
         writer.writeheader()
         writer.writerows(rows)
