@@ -162,6 +162,21 @@ def test_merge_keeps_earlier_rows_that_a_rerun_does_not_replace(tmp_path):
     assert "1 run in 5 s on " in (tmp_path / "results.md").read_text()
 
 
+def test_a_merge_into_an_invocations_csv_it_cannot_rewrite_is_refused_before_any_run(tmp_path, capsys):
+    """A hand-written note with an unquoted comma once crashed a race's rewrite after its first 7-minute run and
+    truncated the file; now the race refuses at once, in one line, and the file stays as it was."""
+    from conveyor.cli import main
+
+    header = ",".join(race.INVOCATION_FIELDS)
+    broken = f"{header}\n2026-11-28,abc1234,conveyor bench --suite race,3,75,,a note, with a comma,1795896368.2\n"
+    (tmp_path / race.INVOCATIONS_CSV).write_text(broken)
+    assert main(["bench", "--suite", "race", "--quick", "--only", "paac-a2c", "--merge", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "line 2 has more cells than its header" in err[0] and "quote" in err[0], err
+    assert (tmp_path / race.INVOCATIONS_CSV).read_text() == broken
+    assert not (tmp_path / "runs").exists()
+
+
 # ---- the suite -----------------------------------------------------------------------------------------
 def test_suite_contenders_flags_and_variants():
     suite = race_suite(quick=True)

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from conveyor.bench.race import race_suite, write_race_results
+from conveyor.bench.race import check_merge_target, race_suite, write_race_results
 from conveyor.bench.report import (ROW_FIELDS, device_name, publish_results, row_line, update_markdown_section,
                                    write_csv, write_results)
 from conveyor.bench.suites import SUITES, Suite, learning_suite
@@ -170,6 +170,8 @@ def main(args: argparse.Namespace) -> int:
                   f"{run.eval_episodes} evaluation episodes per policy{protocol}{command}{skipped}")
         return 0
     out = args.out or Path("bench-results") / suite.name
+    if args.merge:
+        check_merge_target(out)
     try:
         run_suite(suite, out, markdown=args.markdown, merge=args.merge)
     except KeyboardInterrupt:  # the running child was already stopped; finished runs are in the results

@@ -500,12 +500,26 @@ def this_invocation(runs: int, elapsed_s: float, load: str, started_unix: float)
 
 
 def read_invocations(path: Path) -> list[dict[str, Any]]:
+    """The rows of an ``invocations.csv`` (none where there is no file). A row with more or fewer cells than the
+    header (a hand-written note with an unquoted comma) raises ConfigError naming its line: a ``--merge`` race
+    checks the file before its first run (``check_merge_target``), not after it."""
     import csv
 
     if not path.is_file():
         return []
     with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+        reader = csv.DictReader(f)
+        rows = list(reader)
+    for number, row in enumerate(rows, start=2):
+        if None in row or None in row.values():
+            raise ConfigError(f"{path} line {number} has {'more' if None in row else 'fewer'} cells than its header "
+                              f"({', '.join(reader.fieldnames or [])}): quote a cell that holds a comma")
+    return rows
+
+
+def check_merge_target(out: Path) -> None:
+    """Refuse, before any run, a results folder whose ``invocations.csv`` a ``--merge`` could not rewrite."""
+    read_invocations(out / INVOCATIONS_CSV)
 
 
 def _runs(count: int) -> str:
