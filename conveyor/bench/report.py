@@ -47,8 +47,8 @@ LEARNING_FIELDS = (
 BENCHMARKS_LOG = Path("docs") / "benchmarks-log.md"
 """The dated benchmark record, relative to the repository root: the scripts under ``benchmarks/`` rewrite its
 marked sections (BENCHMARKS.md says how to reproduce each)."""
-TARGET_STOP, TIME_STOP = "target_return reached", "time_limit_s reached"
-"""A run's stop reason when it stopped at its target return / its wall-time limit (``conveyor.run``)."""
+TARGET_STOP, TIME_STOP, BUDGET_STOP = "target_return reached", "time_limit_s reached", "total_steps reached"
+"""A run's stop reason when it stopped at its target return / its wall-time limit / its step budget (``conveyor.run``)."""
 CURVE_POINTS = 200
 LEARNING_PLOTS = {"learning_steps": "env steps", "learning_time": "wall time (s)"}
 """The learning suite's PNGs per env (file stem: x axis), in returns.csv column order."""
