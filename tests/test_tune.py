@@ -16,13 +16,15 @@ from pathlib import Path
 import pytest
 
 from conveyor.cli import build_parser, config_from_args, config_from_flags, main
+from conveyor.config import flag_name, flat_fields
+from conveyor.presets import ARCH_ALGOS
 from conveyor.flag_file import read_flag_file, write_flag_file
 
 optuna = pytest.importorskip("optuna")
 
 from conveyor.tune import (PARENT_PID_ENV, RETRY_OF, Tuner, budget_used, import_optuna, open_study,  # noqa: E402
                            retry)
-from conveyor.tune_space import Range  # noqa: E402
+from conveyor.tune_space import Choice, Range, space_for  # noqa: E402
 
 import_optuna()  # as `conveyor tune` does: Optuna's warnings about its experimental parts off
 
@@ -55,6 +57,53 @@ def processes_of_this_tuner() -> list[int]:
             except OSError:
                 pass
     return found
+
+
+# ---- the default search spaces ------------------------------------------------------------------------------------
+FAMILY_ENVS = ("CartPole-v1", "Pendulum-v1", "MinAtar/Breakout-v1", "HalfCheetah-v5", "ALE/Pong-v5")
+"""One env of each family a preset table names: classic-discrete, classic-continuous, minatar, mujoco, atari."""
+
+
+def preset_value(cfg, flag: str):
+    """The value ``cfg`` holds for train flag ``flag`` (``num-envs`` -> ``env.num_envs``)."""
+    for key, value in flat_fields(cfg).items():
+        section, _, name = key.rpartition(".")
+        if flag_name(section or None, name) == "--" + flag:
+            return value
+    raise KeyError(flag)
+
+
+@pytest.mark.parametrize("arch", sorted(ARCH_ALGOS))
+def test_every_default_search_space_holds_the_presets_values(arch):
+    """A study can sample the presets' own values (it may find nothing better, but it starts from them), on
+    every algorithm of ``arch`` and one env of each family: a log range from rl-zoo's 1e-8 floor counts an
+    entropy coefficient of 0 as inside."""
+    outside = []
+    for algo in ARCH_ALGOS[arch]:
+        for env in FAMILY_ENVS:
+            try:
+                cfg = config_from_flags({"arch": arch, "algo": algo, "env": env})
+            except Exception:  # the pair does not run there (R2D2 on MuJoCo's continuous actions, ...)
+                continue
+            for flag, param in space_for(arch, algo, cfg.env.family).items():
+                value = preset_value(cfg, flag)
+                if isinstance(param, Choice):
+                    inside = value in param.values
+                else:
+                    inside = param.low <= value <= param.high or (value == 0 and param.log and param.low <= 1e-8)
+                if not inside:
+                    outside.append(f"{arch}/{algo} on {env}: {flag} = {value!r} outside {param}")
+    assert not outside, "\n".join(outside)
+
+
+def test_continuous_actions_add_the_initial_log_std_and_the_family_ranges_replace_their_names():
+    pendulum = space_for("seed", "vtrace", "classic-continuous")
+    assert pendulum["log-std-init"] == Range(-4.0, 1.0)
+    assert pendulum["entropy-coef"] == Range(0.0, 0.01) and 8 in pendulum["unroll"].values
+    assert "log-std-init" not in space_for("seed", "r2d2", "classic-continuous")  # no Gaussian policy
+    assert "log-std-init" not in space_for("paac", "ppo", "classic-discrete")
+    assert "num-envs" not in space_for("ga3c", "ga3c", "atari")  # GA3C's agents step one env each
+    assert space_for("hts", "ppo", "atari")["lr"] == Range(1e-5, 1e-3, log=True)
 
 
 # ---- --config ---------------------------------------------------------------------------------------------------
