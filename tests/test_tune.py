@@ -290,10 +290,29 @@ def test_pruned_trial_stops_its_run_and_leaves_no_process(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["sqlite", "journal"])
 def test_two_tuners_share_one_storage(tmp_path, kind):
+    """Tuner a is held (SIGSTOP) from the moment it runs its first trial until b runs one: both share the study
+    whatever the load, where a tuner slow to start could otherwise find every trial taken."""
     storage = f"sqlite:///{tmp_path / 'shared.db'}" if kind == "sqlite" else f"journal:{tmp_path / 'shared.log'}"
-    tuners = [subprocess.Popen(tune_command(tmp_path / name, "--trials", "4", "--steps", "3000", "--storage", storage),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for name in ("a", "b")]
-    for tuner in tuners:
+
+    def start(name: str) -> subprocess.Popen:
+        return subprocess.Popen(tune_command(tmp_path / name, "--trials", "4", "--steps", "3000", "--storage", storage),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def wait_for_a_trial_of(name: str, tuner: subprocess.Popen) -> None:
+        deadline = time.monotonic() + 300
+        while not any((tmp_path / name).glob("trial-*")):
+            assert tuner.poll() is None and time.monotonic() < deadline, f"tuner {name} ran no trial"
+            time.sleep(0.05)
+
+    first = start("a")
+    wait_for_a_trial_of("a", first)
+    first.send_signal(signal.SIGSTOP)  # for seconds: well within the SQL storage's 60 s heartbeat grace
+    try:
+        second = start("b")
+        wait_for_a_trial_of("b", second)
+    finally:
+        first.send_signal(signal.SIGCONT)
+    for tuner in (first, second):
         stdout, stderr = tuner.communicate(timeout=600)
         assert tuner.returncode == 0, stderr
     trials = trials_of(storage)
