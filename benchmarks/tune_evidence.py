@@ -101,7 +101,7 @@ def run_arm(flags: dict[str, Any], seed: int, run_dir: Path) -> RunRecord:
         shutil.rmtree(run_dir, ignore_errors=True)  # a run stopped halfway starts again, whole
         command = [sys.executable, "-m", "conveyor", "train", *flag_tokens(flags), f"--seed={seed}",
                    "--target-return=inf", "--no-progress", f"--out={run_dir}"]
-        print(" ".join(command[1:]), flush=True)
+        print("run: conveyor " + " ".join(command[3:]), flush=True)
         started = time.monotonic()
         if subprocess.run(command, cwd=ROOT).returncode != 0:
             sys.exit(f"the run in {run_dir} failed: see its log, then run this command again")

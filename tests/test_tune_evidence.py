@@ -57,6 +57,7 @@ def test_a_tiny_study_is_checked_on_new_seeds_and_its_evidence_is_written_and_re
     command = [sys.executable, str(SCRIPT), str(study), "--seeds", "7,8", "--out", str(out), "--runs", str(runs)]
     first = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     assert first.returncode == 0, first.stderr
+    assert first.stdout.count("run: conveyor train --arch=paac --algo=a2c --env=CartPole-v1 --total-steps=3000") == 4
     result = json.loads((out / "evidence.json").read_text())
     assert result["seeds"] == [7, 8]
     assert set(result["flags"]["tuned"]) - set(result["flags"]["preset"]) == {
@@ -75,7 +76,7 @@ def test_a_tiny_study_is_checked_on_new_seeds_and_its_evidence_is_written_and_re
     assert {p.name for p in out.iterdir()} >= {"best.toml", "history.png", "evidence.md", "trials.csv"}
     assert "Verdict: " in (out / "evidence.md").read_text()
     again = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)  # every run finished: none runs again
-    assert again.returncode == 0 and "-m conveyor train" not in again.stdout
+    assert again.returncode == 0 and "run: conveyor train" not in again.stdout
     assert json.loads((out / "evidence.json").read_text())["tuned"] == result["tuned"]
 
 
