@@ -395,3 +395,14 @@ def test_torchrun_ranks_each_split_their_share_of_the_envs_over_their_share_of_t
     six = RunCfg(env=EnvCfg(num_envs=6), out="run")
     assert six.env.num_workers == 1  # 3 envs per rank
     check_config(six, 2)
+
+
+def test_hts_ppo_on_pendulum_runs_the_values_its_tune_study_found():
+    """`conveyor tune` trial 22 beat ppo/classic-continuous's values on 5 new seeds (docs/tuning.md)."""
+    cfg = RunCfg(env=EnvCfg(id="Pendulum-v1"), arch=ArchCfg(name="hts"), algo=AlgoCfg(name="ppo"))
+    assert (cfg.env.num_envs, cfg.arch.sync_interval, cfg.algo.ppo_epochs, cfg.algo.ppo_minibatches) == (32, 128, 4, 16)
+    assert (cfg.algo.lr, cfg.algo.gamma, cfg.algo.entropy_coef, cfg.model.log_std_init) == (8.04e-4, 0.95, 8.16e-3, 0.313)
+    assert (cfg.algo.clip, cfg.algo.gae_lambda, cfg.algo.max_grad_norm) == (0.2, 0.95, 0.5)
+    assert cfg.preset_sources["env.num_envs"] == "hts/ppo/classic-continuous"
+    paac = RunCfg(env=EnvCfg(id="Pendulum-v1"), arch=ArchCfg(name="paac"), algo=AlgoCfg(name="ppo"))
+    assert paac.env.num_envs == 16 and paac.algo.lr == 2e-3  # PAAC keeps its own recipe
