@@ -49,7 +49,8 @@ bench-deps: venv
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[bench]'
 	$(BIN)/pip install --quiet --no-deps -c constraints.txt rl_zoo3
 
-# The race's Sample Factory in a venv of its own (.peers/sample-factory: gymnasium 0.29, numpy 1.26, this torch).
+# The race's outside peers, each in a venv of its own with this torch: .peers/sample-factory (gymnasium 0.29,
+# numpy 1.26) and .peers/cleanrl (cleanrl 1.2.0's scripts, gym 0.23.1, gymnasium 0.28.1).
 peers: bench-deps
 	$(BIN)/python -m conveyor.bench.external build
 

@@ -178,7 +178,8 @@ def test_a_merge_into_an_invocations_csv_it_cannot_rewrite_is_refused_before_any
 
 
 # ---- the suite -----------------------------------------------------------------------------------------
-def test_suite_contenders_flags_and_variants():
+def test_suite_contenders_flags_and_variants(tmp_path, monkeypatch):
+    monkeypatch.setenv(external.PEERS_DIR_ENV, str(tmp_path / "no-peers"))
     suite = race_suite(quick=True)
     assert suite.name == "race-quick" and [env.id for env in suite.race_envs] == ["CartPole-v1", "Acrobot-v1"]
     assert {run.cfg.seed for run in suite.runs} == {0}
@@ -190,7 +191,7 @@ def test_suite_contenders_flags_and_variants():
     for run in cartpole[:8]:  # conveyor: only arch, algo, env and seed; the threshold stops the run
         assert run.flags[::2] == ("--arch", "--algo", "--env", "--seed")
         assert run.cfg.target_return == 475.0 and run.cfg.total_steps <= 500_000
-    assert "CleanRL" in cartpole[-1].skip_reason
+    assert cartpole[-1].skip_reason.endswith("is not built (make peers)")
 
     envs = [RaceEnv("Pendulum-v1", -250.0, 1_000_000, 60.0)]
     pendulum = race_suite((1, 2), envs=envs)
@@ -227,7 +228,9 @@ def test_peers_not_installed_are_skipped_rows(tmp_path, monkeypatch):
     rows = run_suite(peers, tmp_path / "out", log=lambda line: None)
     assert [row["status"] for row in rows] == ["skipped"] * 5
     errors = [row["error"] for row in rows]
-    assert errors[:3] == [zoo.SB3_NOT_INSTALLED] * 3 and "is not built (make peers)" in errors[3]
+    assert errors[:3] == [zoo.SB3_NOT_INSTALLED] * 3
+    assert errors[3].startswith("sample-factory's venv") and errors[4].startswith("cleanrl's venv")
+    assert all(error.endswith("is not built (make peers)") for error in errors[3:])
     table = (tmp_path / "out" / "results.md").read_text()
     assert "| sb3/ppo | - | skipped: stable-baselines3 is not installed" in table
 
@@ -280,6 +283,97 @@ def test_rl_zoo_translation_of_normalize_policy_kwargs_and_wrappers():
     assert "frameskip=1" in pong.notes[0]
 
 
+# ---- CleanRL's runner ----------------------------------------------------------------------------------
+def load_cleanrl_runner():
+    """``cleanrl_runner.py`` as a module (it imports only the standard library until its ``main``)."""
+    import sys
+    from pathlib import Path
+
+    path = Path(external.__file__).with_name("cleanrl_runner.py")
+    spec = importlib.util.spec_from_file_location("cleanrl_runner_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_cleanrl_watch_stops_at_the_first_full_window_at_the_threshold():
+    runner = load_cleanrl_runner()
+    watch = runner.RaceWatch(threshold=10.0, window=3, max_steps=1_000, time_limit_s=math.inf, started_unix=0.0,
+                             run_start_unix=0.0)
+    for value in (30.0, 30.0):  # a mean of 30 over 2 episodes: the window is not full yet
+        watch.step()
+        watch.episode(value)
+    watch.step()
+    with pytest.raises(runner.RaceStop):
+        watch.episode(-29.0)  # (30 + 30 - 29) / 3 = 10.33
+    assert watch.stop_reason == "target_return reached"
+    assert [(steps, value) for steps, _, value in watch.rows] == [(1, 30.0), (2, 30.0), (3, -29.0)]
+
+
+def test_cleanrl_watch_caps_steps_and_time():
+    runner = load_cleanrl_runner()
+    watch = runner.RaceWatch(10.0, 100, max_steps=3, time_limit_s=math.inf, started_unix=0.0, run_start_unix=0.0)
+    watch.step()
+    watch.step()
+    with pytest.raises(runner.RaceStop):
+        watch.step()
+    assert (watch.steps, watch.stop_reason) == (3, "race step cap reached")
+    late = runner.RaceWatch(10.0, 100, max_steps=10, time_limit_s=5.0, started_unix=0.0, run_start_unix=0.0)
+    with pytest.raises(runner.RaceStop):
+        late.step()  # the deadline, 5 s after the unix epoch, is long past
+    assert late.stop_reason == "time_limit_s reached"
+
+
+def test_cleanrl_watched_statistics_reads_every_episode_of_a_real_env():
+    """The runner's wrapper on gymnasium's own RecordEpisodeStatistics: every episode's raw return and length,
+    and every step counted, as CleanRL's envs would report them."""
+    import gymnasium as gym
+
+    runner = load_cleanrl_runner()
+    watch = runner.RaceWatch(1e9, 100, 10**9, 1e6, started_unix=float("inf"), run_start_unix=0.0)
+    wrapper = runner.watched_statistics(gym.wrappers.RecordEpisodeStatistics, watch)
+    env = wrapper(gym.make("CartPole-v1"))
+    env.reset(seed=0)
+    lengths, length = [], 0
+    while len(lengths) < 5:
+        _, _, terminated, truncated, _ = env.step(env.action_space.sample())
+        length += 1
+        if terminated or truncated:
+            lengths.append(length)
+            length = 0
+            env.reset()
+    assert watch.steps == sum(lengths)
+    assert [value for _, _, value in watch.rows] == [float(n) for n in lengths]  # CartPole pays 1 a step
+    assert [steps for steps, _, _ in watch.rows] == list(np.cumsum(lengths) - 1)  # counted after the report
+
+
+def test_cleanrl_watched_statistics_reads_a_one_element_array_return():
+    """gymnasium 0.28's wrapper (ppo_continuous_action.py's) reports a return as a 1-element array."""
+    runner = load_cleanrl_runner()
+
+    class ArrayReturns:
+        def step(self, action):
+            return None, 0.0, True, False, {"episode": {"r": np.array([-123.5]), "l": np.array([200])}}
+
+    watch = runner.RaceWatch(1e9, 100, 10**9, 1e6, started_unix=float("inf"), run_start_unix=0.0)
+    runner.watched_statistics(ArrayReturns, watch)().step(0)
+    assert watch.rows[0][2] == -123.5 and watch.steps == 1
+
+
+def test_cleanrl_recipes_and_skips(tmp_path, monkeypatch):
+    monkeypatch.setenv(external.PEERS_DIR_ENV, str(tmp_path))
+    assert "MinAtar's ids are gymnasium's" in external.skip_reason("cleanrl", "MinAtar/Breakout-v1")
+    assert external.skip_reason("cleanrl", "CartPole-v1").endswith("is not built (make peers)")
+    python = tmp_path / "cleanrl" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.touch()
+    assert external.skip_reason("cleanrl", "Pendulum-v1") == ""
+    command, result, text = external.runner_command("cleanrl", "Pendulum-v1")
+    assert command[:2] == [str(python), "-I"] and command[-2:] == ["--script", "ppo_continuous_action"]
+    assert result == "cleanrl_result.json" and "ppo_continuous_action.py as published" in text
+
+
 # ---- end to end ----------------------------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("stable_baselines3") is None or zoo.zoo_version() is None,
@@ -302,3 +396,25 @@ def test_small_race_end_to_end(tmp_path):
     assert "rl-zoo 2.9.2 ppo.yml" in raced[1]["settings"]
     assert (tmp_path / "race_CartPole-v1.png").read_bytes()[:8] == PNG_MAGIC
     assert "| paac/a2c | 1/1 |" in (tmp_path / "results.md").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(external.skip_reason("cleanrl", "CartPole-v1") != "",
+                    reason="needs make peers (CleanRL's venv)")
+def test_cleanrl_races_its_published_script_to_a_low_threshold(tmp_path):
+    """CleanRL's ppo.py, run as published in its own venv, stops at the race's threshold: every episode it
+    played is in returns.csv, and the race time is the child's start-up plus the run's own crossing time."""
+    env = RaceEnv("CartPole-v1", 40.0, 200_000, 300.0)
+    suite = race_suite((0,), envs=[env])
+    runs = tuple(run for run in suite.runs if run.framework == "cleanrl")
+    rows = run_suite(dataclasses.replace(suite, runs=runs), tmp_path, log=lambda line: None)
+    assert [row["status"] for row in rows] == ["ok"], rows
+    with open(tmp_path / "race.csv") as f:
+        (raced,) = list(csv.DictReader(f))
+    assert raced["reached"] == "True" and raced["stop_reason"] == "target_return reached"
+    assert float(raced["time_to_threshold_s"]) == pytest.approx(
+        float(raced["startup_s"]) + float(raced["run_time_at_crossing_s"]))
+    assert "cleanrl/ppo.py as published" in raced["settings"]
+    returns = np.loadtxt(tmp_path / "runs" / runs[0].name / "returns.csv", delimiter=",", skiprows=1)
+    assert np.mean(returns[-100:, 2]) >= 40.0 > np.mean(returns[-101:-1, 2])  # it stopped at the first crossing
+    assert np.all(np.diff(returns[:, 0]) >= 0) and returns[-1, 0] <= 200_000

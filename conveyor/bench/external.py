@@ -1,20 +1,22 @@
 """Race peers that cannot share conveyor's environment: Sample Factory APPO, CleanRL PPO.
 
-Sample Factory 2.1.1 needs gymnasium < 1.0 and numpy < 2 (conveyor pins
-gymnasium 1.4 and numpy 2.4), so it gets a virtual environment of its own,
-``.peers/sample-factory`` (``CONVEYOR_PEERS_DIR`` moves ``.peers``), built by
-``make peers`` (``python -m conveyor.bench.external build``): the same Python,
-torch 2.13.0 from the local CPU wheel that pip's ``find-links`` holds (the
-build stops if pip picked any other torch), and ``SF_REQUIREMENTS``. ale-py
-0.8.1 ships no ROMs: a race run points its ``ALE_PY_ROM_DIR`` at the ROMs of
-conveyor's own ale-py. ``run_external`` runs ``sf_runner.py`` there and turns
-what it wrote into a conveyor run's ``summary.json`` (``returns.csv`` it
-writes itself) and the race's clock. Which of Sample Factory's published
-settings each env gets: ``SF_RECIPES``; other envs are skipped rows.
+Each gets a virtual environment of its own under ``.peers/`` (``CONVEYOR_PEERS_DIR`` moves ``.peers``), built
+by ``make peers`` (``python -m conveyor.bench.external build``): the same Python, torch 2.13.0 from the local
+CPU wheel that pip's ``find-links`` holds (the build stops if pip picked any other torch), then the peer's
+pinned requirements:
 
-CleanRL is recorded as skipped (``CLEANRL_SKIP``): its only PyPI release is
-too old to install here, and its current single-file scripts are not
-packaged.
+* Sample Factory 2.1.1 needs gymnasium < 1.0 and numpy < 2 (conveyor pins gymnasium 1.4 and numpy 2.4):
+  ``.peers/sample-factory`` with ``SF_REQUIREMENTS``. ale-py 0.8.1 ships no ROMs: a race run points its
+  ``ALE_PY_ROM_DIR`` at the ROMs of conveyor's own ale-py. Which of Sample Factory's published settings each
+  env gets: ``SF_RECIPES``.
+* CleanRL 1.2.0, its last PyPI release, carries the single-file scripts (``cleanrl/ppo.py``, ...) but declares
+  Python < 3.11 only because of its Poetry lock; it goes in with ``--no-deps --ignore-requires-python`` beside
+  what its PPO scripts import (``CLEANRL_REQUIREMENTS``: gym 0.23.1 for ``ppo.py``, gymnasium 0.28.1 for
+  ``ppo_continuous_action.py``, tensorboard). Which script each env gets: ``CLEANRL_RECIPES``.
+
+``run_external`` runs the peer's runner (``sf_runner.py``, ``cleanrl_runner.py``) in its venv and turns what it
+wrote into a conveyor run's ``summary.json`` (``returns.csv`` it writes itself) and the race's clock. Envs
+without a recipe are skipped rows saying why.
 """
 
 from __future__ import annotations
@@ -52,11 +54,24 @@ SF_RECIPE_TEXT = {
     "atari": ("Sample Factory 2.1.1 APPO, sf_examples.atari's recipe (atari_override_defaults, its wrappers; "
               "v5 sticky actions, frameskip 4 in its wrapper)"),
 }
-CLEANRL_SKIP = ("CleanRL: its only PyPI release, cleanrl 0.4.8 (2020), imports gym.wrappers.Monitor, which gym "
-                "removed in 0.22 (pip resolves gym 0.26.2), and gym 0.21.0 does not build with current setuptools "
-                "(invalid extras_require); its maintained single-file ppo.py is not on PyPI and this machine "
-                "reaches PyPI only")
-SF_TERMINATE_GRACE_S = 60.0
+CLEANRL_VENV_NAME = "cleanrl"
+CLEANRL_VERSION = "1.2.0"
+CLEANRL_PACKAGE = f"cleanrl=={CLEANRL_VERSION}"
+CLEANRL_REQUIREMENTS = ("gym==0.23.1", "gymnasium==0.28.1", "numpy==1.26.4", "pygame==2.6.1",
+                        "tensorboard==2.21.0")
+"""What CleanRL's two PPO scripts import, beside torch (cleanrl itself goes in without its dependencies; gym
+0.23's classic-control envs import pygame, whose pinned 2.1.0 has no wheel for Python 3.11)."""
+CLEANRL_RECIPES = {
+    "CartPole-v1": "ppo",  # ppo.py's defaults are its CartPole-v1 settings (500k steps)
+    "Acrobot-v1": "ppo",  # CleanRL's benchmark runs ppo.py on Acrobot-v1 with the same defaults
+    "Pendulum-v1": "ppo_continuous_action",  # its defaults are its MuJoCo settings (none for Pendulum itself)
+}
+CLEANRL_RECIPE_TEXT = {
+    "ppo": "CleanRL 1.2.0 cleanrl/ppo.py as published, its defaults (4 envs x 128 steps, 500k steps)",
+    "ppo_continuous_action": ("CleanRL 1.2.0 cleanrl/ppo_continuous_action.py as published, its defaults "
+                              "(its MuJoCo settings: 1 env x 2048 steps, 1M steps)"),
+}
+TERMINATE_GRACE_S = 60.0
 
 
 def peers_dir() -> Path:
@@ -70,16 +85,26 @@ def sf_python() -> Path:
     return peers_dir() / SF_VENV_NAME / "bin" / "python"
 
 
+def cleanrl_python() -> Path:
+    return peers_dir() / CLEANRL_VENV_NAME / "bin" / "python"
+
+
 def skip_reason(framework: str, env_id: str) -> str:
     """Why ``framework`` cannot race on ``env_id`` here ("" when it can)."""
     if framework == "cleanrl":
-        return CLEANRL_SKIP
-    if env_id not in SF_RECIPES:
-        return (f"Sample Factory publishes no recipe for {env_id} (its conv encoders are built for 84x84 frames, "
-                "MinAtar's are 10x10)" if env_id.startswith("MinAtar/") else
-                f"no Sample Factory recipe for {env_id} in this suite")
-    if not sf_python().is_file():
-        return f"Sample Factory's venv {sf_python().parent.parent} is not built (make peers)"
+        if env_id not in CLEANRL_RECIPES:
+            return (f"CleanRL publishes no script for {env_id}: ppo.py makes gym 0.23 envs and feeds its MLP flat "
+                    "observations, MinAtar's ids are gymnasium's and its states 10x10xC" if env_id.startswith(
+                        "MinAtar/") else f"no CleanRL recipe for {env_id} in this suite")
+        python = cleanrl_python()
+    else:
+        if env_id not in SF_RECIPES:
+            return (f"Sample Factory publishes no recipe for {env_id} (its conv encoders are built for 84x84 "
+                    "frames, MinAtar's are 10x10)" if env_id.startswith("MinAtar/") else
+                    f"no Sample Factory recipe for {env_id} in this suite")
+        python = sf_python()
+    if not python.is_file():
+        return f"{framework}'s venv {python.parent.parent} is not built (make peers)"
     return ""
 
 
@@ -102,12 +127,14 @@ def _run(command: list[str], log: Any) -> str:
     return done.stdout
 
 
-def build_sample_factory_venv(log: Any = print) -> Path:
-    """Create ``.peers/sample-factory`` with torch 2.13.0 (the local CPU wheel) and ``SF_REQUIREMENTS``;
-    returns its python. Torch goes in first, alone, and must come out as this venv's own torch build."""
+def build_venv(name: str, requirements: tuple[str, ...], imports: str, no_deps: tuple[str, ...] = (),
+               log: Any = print) -> Path:
+    """Create ``.peers/<name>`` with torch 2.13.0 (the local CPU wheel), then ``requirements`` and ``no_deps``
+    (these without their dependencies); returns its python. Torch goes in first, alone, and must come out as
+    this venv's own torch build; ``imports`` (comma-separated modules) must import at the end."""
     import torch
 
-    target = peers_dir() / SF_VENV_NAME
+    target = peers_dir() / name
     python = target / "bin" / "python"
     if not python.is_file():
         log(f"creating {target}")
@@ -118,46 +145,65 @@ def build_sample_factory_venv(log: Any = print) -> Path:
     if built != torch.__version__:
         raise RuntimeError(f"{target} got torch {built}, not conveyor's {torch.__version__}: remove it and check "
                            "pip's find-links")
-    _run([*pip, TORCH_PIN, *SF_REQUIREMENTS], log)
-    check = ("import sample_factory, gymnasium, numpy, torch; "
-             "print(gymnasium.__version__, numpy.__version__, torch.__version__)")
-    log(f"{target}: gymnasium, numpy, torch = {_run([str(python), '-c', check], log).strip()}")
+    _run([*pip, TORCH_PIN, *requirements], log)
+    if no_deps:
+        _run([*pip, "--no-deps", "--ignore-requires-python", *no_deps], log)
+    _run([str(python), "-c", f"import {imports}"], log)
+    log(f"{target}: torch {built}, {', '.join((*requirements, *no_deps))}")
     return python
 
 
+def build_peers(log: Any = print) -> list[Path]:
+    """Both peers' venvs (``make peers``)."""
+    return [build_venv(SF_VENV_NAME, SF_REQUIREMENTS, "sample_factory, gymnasium", log=log),
+            build_venv(CLEANRL_VENV_NAME, CLEANRL_REQUIREMENTS, "gym, gymnasium, tensorboard, cleanrl.ppo",
+                       (CLEANRL_PACKAGE,), log=log)]
+
+
 # ---- a race run -----------------------------------------------------------------------------------------
+def runner_command(framework: str, env_id: str) -> tuple[list[str], str, str]:
+    """The peer's runner in its venv (less the race's arguments), its result file's name and its recipe text."""
+    if framework == "cleanrl":
+        script = CLEANRL_RECIPES[env_id]
+        return ([str(cleanrl_python()), "-I", str(Path(__file__).with_name("cleanrl_runner.py")), "--script",
+                 script], "cleanrl_result.json", CLEANRL_RECIPE_TEXT[script])
+    recipe = SF_RECIPES[env_id]
+    return ([str(sf_python()), "-I", str(Path(__file__).with_name("sf_runner.py")), "--recipe", recipe],
+            "sf_result.json", SF_RECIPE_TEXT[recipe])
+
+
 def run_external(framework: str, algo: str, cfg: Any, run_dir: Path, goal: RaceGoal, spawned_unix: float) -> None:
-    """A peer's race run in its child: Sample Factory's runner in its venv; writes summary.json and the clock."""
+    """A peer's race run in its child: the peer's runner in its venv; writes summary.json and the clock."""
     from conveyor.bench.suites import RACE_WINDOW as WINDOW
     from conveyor.bench.suites import write_race_clock as write_clock
 
     reason = skip_reason(framework, cfg.env.id)
     if reason:
         raise PeerUnavailable(reason)
-    recipe = SF_RECIPES[cfg.env.id]
-    out = run_dir / "sample-factory"
+    runner_args, result_name, recipe_text = runner_command(framework, cfg.env.id)
+    out = run_dir / framework
     env = dict(os.environ)
     roms = conveyor_rom_dir()
     if roms is not None:
         env["ALE_PY_ROM_DIR"] = str(roms)
     left = goal.time_limit_s - (time.time() - spawned_unix)
-    command = [str(sf_python()), "-I", str(Path(__file__).with_name("sf_runner.py")), "--env", cfg.env.id,
-               "--recipe", recipe, "--seed", str(cfg.seed), "--threshold", str(goal.threshold), "--window",
-               str(WINDOW), "--max-steps", str(goal.max_steps), "--time-limit-s", f"{left:.3f}", "--out", str(out)]
+    command = [*runner_args, "--env", cfg.env.id, "--seed", str(cfg.seed), "--threshold", str(goal.threshold),
+               "--window", str(WINDOW), "--max-steps", str(goal.max_steps), "--time-limit-s", f"{left:.3f}",
+               "--out", str(out)]
     print("$ " + " ".join(command), flush=True)
     runner = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)
     try:
-        returncode = runner.wait(timeout=max(1.0, left) + SF_TERMINATE_GRACE_S)
+        returncode = runner.wait(timeout=max(1.0, left) + TERMINATE_GRACE_S)
     except subprocess.TimeoutExpired:
         runner.terminate()
-        returncode = runner.wait(timeout=SF_TERMINATE_GRACE_S)
+        returncode = runner.wait(timeout=TERMINATE_GRACE_S)
     except BaseException:
         runner.terminate()
         raise
-    result_file = out / "sf_result.json"
+    result_file = out / result_name
     if not result_file.is_file():
         write_clock(run_dir, spawned_unix, None)
-        raise RuntimeError(f"Sample Factory's runner exited with {returncode} and wrote no result (see bench.log)")
+        raise RuntimeError(f"{framework}'s runner exited with {returncode} and wrote no result (see bench.log)")
     result = json.loads(result_file.read_text())
     write_clock(run_dir, spawned_unix, float(result["run_start_unix"]))
     (run_dir / "returns.csv").write_text((out / "returns.csv").read_text())
@@ -166,24 +212,24 @@ def run_external(framework: str, algo: str, cfg: Any, run_dir: Path, goal: RaceG
                "sps": result["env_steps"] / max(wall, 1e-9), "episodes": result["episodes"],
                "return_mean_last100": result["return_mean_last100"], "stop_reason": result["stop_reason"],
                "arch": framework, "algo": algo, "env": cfg.env.id, "seed": cfg.seed, "out": str(run_dir),
-               "framework": "sample-factory", "framework_version": result["framework_version"],
-               "recipe": SF_RECIPE_TEXT[recipe], "device": result["device"]}
+               "framework": framework, "framework_version": result["framework_version"],
+               "recipe": recipe_text, "device": result["device"]}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     if returncode:
-        raise RuntimeError(f"Sample Factory's runner exited with {returncode} (see bench.log)")
+        raise RuntimeError(f"{framework}'s runner exited with {returncode} (see bench.log)")
 
 
 def main(argv: list[str]) -> int:
     if argv != ["build"]:
-        print("usage: python -m conveyor.bench.external build  (Sample Factory's venv under .peers/; make peers)",
+        print("usage: python -m conveyor.bench.external build  (the peers' venvs under .peers/; make peers)",
               file=sys.stderr)
         return 2
     try:
-        python = build_sample_factory_venv()
+        pythons = build_peers()
     except RuntimeError as error:
         print(f"conveyor: {error}", file=sys.stderr)
         return 1
-    print(f"Sample Factory's venv is ready: {python}")
+    print("the peers' venvs are ready: " + ", ".join(str(python) for python in pythons))
     return 0
 
 
