@@ -1,6 +1,7 @@
 """`conveyor bench --suite race`: the race's bookkeeping, rl-zoo's settings as SB3 arguments, skipped peers,
 and (slow) a small race end to end."""
 
+import collections
 import csv
 import dataclasses
 import importlib.util
@@ -13,6 +14,8 @@ import pytest
 from conveyor.bench import external, race, run_suite, zoo
 from conveyor.bench.race import (CLOCK_FILE, RaceEnv, censored_stats, race_crossing, race_row, race_suite,
                                  summarize, write_race_results)
+from conveyor.bench.runners import race_watch
+from conveyor.bench.runners.race_watch import RaceWatch
 from conveyor.bench.suites import RaceGoal, Suite
 from conveyor.cli import main
 
@@ -283,57 +286,56 @@ def test_rl_zoo_translation_of_normalize_policy_kwargs_and_wrappers():
     assert "frameskip=1" in pong.notes[0]
 
 
-# ---- CleanRL's runner ----------------------------------------------------------------------------------
+# ---- the peers' runners ---------------------------------------------------------------------------------
 def load_cleanrl_runner():
-    """``cleanrl_runner.py`` as a module (it imports only the standard library until its ``main``)."""
+    """``cleanrl_runner.py`` as its venv runs it, by path (it imports only the standard library and its sibling
+    ``race_watch`` until its ``main``)."""
     import sys
-    from pathlib import Path
 
-    path = Path(external.__file__).with_name("cleanrl_runner.py")
-    spec = importlib.util.spec_from_file_location("cleanrl_runner_under_test", path)
+    spec = importlib.util.spec_from_file_location("cleanrl_runner_under_test",
+                                                  external.RUNNERS / "cleanrl_runner.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
 
 
-def test_cleanrl_watch_stops_at_the_first_full_window_at_the_threshold():
-    runner = load_cleanrl_runner()
-    watch = runner.RaceWatch(threshold=10.0, window=3, max_steps=1_000, time_limit_s=math.inf, started_unix=0.0,
-                             run_start_unix=0.0)
-    for value in (30.0, 30.0):  # a mean of 30 over 2 episodes: the window is not full yet
-        watch.step()
-        watch.episode(value)
-    watch.step()
-    with pytest.raises(runner.RaceStop):
-        watch.episode(-29.0)  # (30 + 30 - 29) / 3 = 10.33
-    assert watch.stop_reason == "target_return reached"
-    assert [(steps, value) for steps, _, value in watch.rows] == [(1, 30.0), (2, 30.0), (3, -29.0)]
+def test_race_watch_stops_at_the_first_full_window_at_the_threshold():
+    watch = RaceWatch(threshold=10.0, window=3, max_steps=1_000, time_limit_s=math.inf, started_unix=0.0,
+                      run_start_unix=0.0)
+    watch.episode(30.0, 5)
+    watch.episode(30.0, 9)
+    assert watch.stop_reason(9) == ""  # a mean of 30 over 2 episodes: the window is not full yet
+    watch.episode(-29.0, 12)  # (30 + 30 - 29) / 3 = 10.33
+    assert watch.stop_reason(12) == race_watch.TARGET_REACHED == watch.ended
+    assert [(steps, value) for steps, _, value in watch.rows] == [(5, 30.0), (9, 30.0), (12, -29.0)]
 
 
-def test_cleanrl_watch_caps_steps_and_time():
-    runner = load_cleanrl_runner()
-    watch = runner.RaceWatch(10.0, 100, max_steps=3, time_limit_s=math.inf, started_unix=0.0, run_start_unix=0.0)
-    watch.step()
-    watch.step()
-    with pytest.raises(runner.RaceStop):
-        watch.step()
-    assert (watch.steps, watch.stop_reason) == (3, "race step cap reached")
-    late = runner.RaceWatch(10.0, 100, max_steps=10, time_limit_s=5.0, started_unix=0.0, run_start_unix=0.0)
-    with pytest.raises(runner.RaceStop):
-        late.step()  # the deadline, 5 s after the unix epoch, is long past
-    assert late.stop_reason == "time_limit_s reached"
+def test_race_watch_caps_steps_and_time_and_writes_what_external_reads(tmp_path):
+    watch = RaceWatch(10.0, 100, max_steps=3, time_limit_s=math.inf, started_unix=0.0, run_start_unix=0.0)
+    assert watch.stop_reason(2) == "" and watch.ended == race_watch.OWN_BUDGET
+    assert watch.stop_reason(3) == race_watch.STEP_CAP
+    late = RaceWatch(10.0, 100, max_steps=10, time_limit_s=5.0, started_unix=0.0, run_start_unix=0.0)
+    assert late.stop_reason(1) == race_watch.TIME_CAP  # the deadline, 5 s after the unix epoch, is long past
+    watch.episode(4.0, 2)
+    watch.write(tmp_path, "peer_result.json", 3, status=0, device="cpu")
+    result = json.loads((tmp_path / "peer_result.json").read_text())
+    assert {key: result[key] for key in ("stop_reason", "env_steps", "episodes", "return_mean_last100", "status")} \
+        == {"stop_reason": race_watch.STEP_CAP, "env_steps": 3, "episodes": 1, "return_mean_last100": 4.0,
+            "status": 0}
+    assert (tmp_path / "returns.csv").read_text().splitlines()[1].split(",")[::2] == ["2", "4.000"]
 
 
-def test_cleanrl_watched_statistics_reads_every_episode_of_a_real_env():
-    """The runner's wrapper on gymnasium's own RecordEpisodeStatistics: every episode's raw return and length,
-    and every step counted, as CleanRL's envs would report them."""
+def test_cleanrl_wrapper_reads_every_episode_of_a_real_env_and_stops_the_script():
+    """The runner's wrapper on gymnasium's own RecordEpisodeStatistics: every episode's raw return at the step
+    it ended, every step counted, and RaceStop out of ``step`` at the threshold."""
     import gymnasium as gym
 
     runner = load_cleanrl_runner()
-    watch = runner.RaceWatch(1e9, 100, 10**9, 1e6, started_unix=float("inf"), run_start_unix=0.0)
-    wrapper = runner.watched_statistics(gym.wrappers.RecordEpisodeStatistics, watch)
-    env = wrapper(gym.make("CartPole-v1"))
+    watch = runner.RaceWatch(threshold=1e9, window=100, max_steps=10**9, time_limit_s=math.inf, started_unix=0.0,
+                             run_start_unix=0.0)
+    counter = runner.StepCounter(watch)
+    env = runner.watched_statistics(gym.wrappers.RecordEpisodeStatistics, counter)(gym.make("CartPole-v1"))
     env.reset(seed=0)
     lengths, length = [], 0
     while len(lengths) < 5:
@@ -343,12 +345,16 @@ def test_cleanrl_watched_statistics_reads_every_episode_of_a_real_env():
             lengths.append(length)
             length = 0
             env.reset()
-    assert watch.steps == sum(lengths)
+    assert counter.steps == sum(lengths)
     assert [value for _, _, value in watch.rows] == [float(n) for n in lengths]  # CartPole pays 1 a step
-    assert [steps for steps, _, _ in watch.rows] == list(np.cumsum(lengths) - 1)  # counted after the report
+    assert [steps for steps, _, _ in watch.rows] == list(np.cumsum(lengths))
+    watch.threshold, watch.recent = 0.0, collections.deque(watch.recent, maxlen=5)  # the window is full now
+    with pytest.raises(runner.RaceStop):
+        env.step(0)
+    assert watch.ended == "target_return reached"
 
 
-def test_cleanrl_watched_statistics_reads_a_one_element_array_return():
+def test_cleanrl_wrapper_reads_a_one_element_array_return():
     """gymnasium 0.28's wrapper (ppo_continuous_action.py's) reports a return as a 1-element array."""
     runner = load_cleanrl_runner()
 
@@ -356,9 +362,10 @@ def test_cleanrl_watched_statistics_reads_a_one_element_array_return():
         def step(self, action):
             return None, 0.0, True, False, {"episode": {"r": np.array([-123.5]), "l": np.array([200])}}
 
-    watch = runner.RaceWatch(1e9, 100, 10**9, 1e6, started_unix=float("inf"), run_start_unix=0.0)
-    runner.watched_statistics(ArrayReturns, watch)().step(0)
-    assert watch.rows[0][2] == -123.5 and watch.steps == 1
+    watch = runner.RaceWatch(1e9, 100, 10**9, math.inf, started_unix=0.0, run_start_unix=0.0)
+    counter = runner.StepCounter(watch)
+    runner.watched_statistics(ArrayReturns, counter)().step(0)
+    assert watch.rows[0][::2] == (1, -123.5) and counter.steps == 1
 
 
 def test_cleanrl_recipes_and_skips(tmp_path, monkeypatch):
@@ -399,14 +406,17 @@ def test_small_race_end_to_end(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(external.skip_reason("cleanrl", "CartPole-v1") != "",
-                    reason="needs make peers (CleanRL's venv)")
-def test_cleanrl_races_its_published_script_to_a_low_threshold(tmp_path):
-    """CleanRL's ppo.py, run as published in its own venv, stops at the race's threshold: every episode it
-    played is in returns.csv, and the race time is the child's start-up plus the run's own crossing time."""
+@pytest.mark.parametrize("framework, settings", [("cleanrl", "cleanrl/ppo.py as published"),
+                                                 ("sample-factory", "train_gym_env.py's CartPole-v1 command line")])
+def test_a_peer_in_its_own_venv_races_to_a_low_threshold(tmp_path, framework, settings):
+    """A peer's runner in its own venv (CleanRL's ppo.py as published; Sample Factory's APPO) stops at the race's
+    threshold: the episodes it played are in returns.csv up to the first crossing, and the race time is the
+    child's start-up plus the run's own crossing time."""
+    if external.skip_reason(framework, "CartPole-v1"):
+        pytest.skip(external.skip_reason(framework, "CartPole-v1"))
     env = RaceEnv("CartPole-v1", 40.0, 200_000, 300.0)
     suite = race_suite((0,), envs=[env])
-    runs = tuple(run for run in suite.runs if run.framework == "cleanrl")
+    runs = tuple(run for run in suite.runs if run.framework == framework)
     rows = run_suite(dataclasses.replace(suite, runs=runs), tmp_path, log=lambda line: None)
     assert [row["status"] for row in rows] == ["ok"], rows
     with open(tmp_path / "race.csv") as f:
@@ -414,7 +424,9 @@ def test_cleanrl_races_its_published_script_to_a_low_threshold(tmp_path):
     assert raced["reached"] == "True" and raced["stop_reason"] == "target_return reached"
     assert float(raced["time_to_threshold_s"]) == pytest.approx(
         float(raced["startup_s"]) + float(raced["run_time_at_crossing_s"]))
-    assert "cleanrl/ppo.py as published" in raced["settings"]
+    assert settings in raced["settings"]
     returns = np.loadtxt(tmp_path / "runs" / runs[0].name / "returns.csv", delimiter=",", skiprows=1)
-    assert np.mean(returns[-100:, 2]) >= 40.0 > np.mean(returns[-101:-1, 2])  # it stopped at the first crossing
+    assert np.mean(returns[-100:, 2]) >= 40.0
+    if framework == "cleanrl":  # one episode at a time: it stopped at the first crossing (SF reports in batches)
+        assert np.mean(returns[-101:-1, 2]) < 40.0
     assert np.all(np.diff(returns[:, 0]) >= 0) and returns[-1, 0] <= 200_000

@@ -14,8 +14,9 @@ pinned requirements:
   what its PPO scripts import (``CLEANRL_REQUIREMENTS``: gym 0.23.1 for ``ppo.py``, gymnasium 0.28.1 for
   ``ppo_continuous_action.py``, tensorboard). Which script each env gets: ``CLEANRL_RECIPES``.
 
-``run_external`` runs the peer's runner (``sf_runner.py``, ``cleanrl_runner.py``) in its venv and turns what it
-wrote into a conveyor run's ``summary.json`` (``returns.csv`` it writes itself) and the race's clock. Envs
+``run_external`` runs the peer's runner (``conveyor/bench/runners/``: ``sf_runner.py``, ``cleanrl_runner.py``)
+in its venv and turns what it wrote into a conveyor run's ``summary.json`` (``returns.csv`` it writes itself) and
+the race's clock. Envs
 without a recipe are skipped rows saying why.
 """
 
@@ -72,6 +73,8 @@ CLEANRL_RECIPE_TEXT = {
                               "(its MuJoCo settings: 1 env x 2048 steps, 1M steps)"),
 }
 TERMINATE_GRACE_S = 60.0
+RUNNERS = Path(__file__).with_name("runners")
+"""The runners' folder: standalone scripts that the peers' own Pythons run by path."""
 
 
 def peers_dir() -> Path:
@@ -165,11 +168,11 @@ def runner_command(framework: str, env_id: str) -> tuple[list[str], str, str]:
     """The peer's runner in its venv (less the race's arguments), its result file's name and its recipe text."""
     if framework == "cleanrl":
         script = CLEANRL_RECIPES[env_id]
-        return ([str(cleanrl_python()), "-I", str(Path(__file__).with_name("cleanrl_runner.py")), "--script",
-                 script], "cleanrl_result.json", CLEANRL_RECIPE_TEXT[script])
+        return ([str(cleanrl_python()), "-I", str(RUNNERS / "cleanrl_runner.py"), "--script", script],
+                "cleanrl_result.json", CLEANRL_RECIPE_TEXT[script])
     recipe = SF_RECIPES[env_id]
-    return ([str(sf_python()), "-I", str(Path(__file__).with_name("sf_runner.py")), "--recipe", recipe],
-            "sf_result.json", SF_RECIPE_TEXT[recipe])
+    return ([str(sf_python()), "-I", str(RUNNERS / "sf_runner.py"), "--recipe", recipe], "sf_result.json",
+            SF_RECIPE_TEXT[recipe])
 
 
 def run_external(framework: str, algo: str, cfg: Any, run_dir: Path, goal: RaceGoal, spawned_unix: float) -> None:

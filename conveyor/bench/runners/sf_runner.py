@@ -17,48 +17,28 @@ settings (``--recipe``):
 
 Each finished episode's return (the real game's, from
 ``RecordEpisodeStatistics``, on Atari; the summed raw reward elsewhere) goes
-into ``returns.csv`` (env steps, wall time on the run's clock, started after
-the imports, return);
-when the mean of the last ``--window`` reaches ``--threshold`` the run stops.
-Env steps are agent steps (Sample Factory's frame counts divided by the frame
-skip where it counts frames). ``sf_result.json`` says when the run's clock
-started (unix time), why the run stopped and how far it got.
+to ``race_watch.RaceWatch``; when the mean of the last ``--window`` reaches
+``--threshold``, or a cap is reached, the run stops. Env steps are agent steps
+(Sample Factory's frame counts divided by the frame skip where it counts
+frames). ``returns.csv`` and ``sf_result.json`` are ``RaceWatch.write``'s.
 """
 
 from __future__ import annotations
 
-import argparse
-import collections
-import json
 import sys
 import time
 from pathlib import Path
 
 SCRIPT_START_UNIX = time.time()
 """When this script started: ``--time-limit-s`` is what was left of the race's time cap then."""
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run by path with -I: its sibling race_watch
+from race_watch import RaceWatch, race_arguments  # noqa: E402
 
+RESULT_FILE = "sf_result.json"
 # The train_gym_env.py example's command line (CartPole-v1), less its --experiment and --env.
 GYM_EXAMPLE_ARGS = ("--algo=APPO", "--use_rnn=False", "--num_envs_per_worker=20", "--policy_workers_per_policy=2",
                     "--recurrence=1", "--with_vtrace=False", "--batch_size=512", "--reward_scale=0.1",
                     "--save_every_sec=10", "--experiment_summaries_interval=10")
-
-
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--env", required=True)
-    parser.add_argument("--recipe", choices=("gym", "mujoco", "atari"), required=True)
-    parser.add_argument("--seed", type=int, required=True)
-    parser.add_argument("--threshold", type=float, required=True)
-    parser.add_argument("--window", type=int, default=100)
-    parser.add_argument("--max-steps", type=int, required=True)
-    parser.add_argument("--time-limit-s", type=float, required=True, help="seconds left for this run")
-    parser.add_argument("--out", type=Path, required=True)
-    return parser.parse_args(argv)
-
-
-def left_s(args: argparse.Namespace) -> float:
-    """Seconds of the race's time cap left now (``--time-limit-s`` was what was left at this script's start)."""
-    return args.time_limit_s - (time.time() - SCRIPT_START_UNIX)
 
 
 def make_plain(full_env_name, cfg=None, env_config=None, render_mode=None):
@@ -90,7 +70,9 @@ def make_atari(full_env_name, cfg=None, env_config=None, render_mode=None):
 
 
 def main(argv: list[str]) -> int:
-    args = parse_args(argv)
+    parser = race_arguments(__doc__.splitlines()[0])
+    parser.add_argument("--recipe", choices=("gym", "mujoco", "atari"), required=True)
+    args = parser.parse_args(argv)
     import numpy as np
     import torch
     from sample_factory.algo.utils.misc import EPISODIC
@@ -98,8 +80,7 @@ def main(argv: list[str]) -> int:
     from sample_factory.envs.env_utils import register_env
     from sample_factory.train import make_runner
 
-    # The run's clock (returns.csv's wall times), after the imports as conveyor's and SB3's runs start theirs.
-    run_start_unix = time.time()
+    watch = RaceWatch.from_args(args, SCRIPT_START_UNIX, run_start_unix=time.time())
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     name = args.env
@@ -125,10 +106,6 @@ def main(argv: list[str]) -> int:
     # The recipe's own train_for_env_steps stays (its linear lr decay runs over it); the race's cap is below.
     cfg, runner = make_runner(cfg)
 
-    recent: collections.deque[float] = collections.deque(maxlen=args.window)
-    rows: list[tuple[int, float, float]] = []
-    state = {"stop_reason": "total_steps reached"}
-
     def steps_now() -> int:
         return int(sum(runner.env_steps.values()) // skip) if runner.env_steps else 0
 
@@ -139,33 +116,17 @@ def main(argv: list[str]) -> int:
             return
         values = stats[key]
         values = values.tolist() if hasattr(values, "tolist") else values  # batched sampling: a tensor
-        now = time.time() - run_start_unix
         steps = steps_now()
         for value in np.atleast_1d(np.asarray(values, dtype=np.float64)).tolist():
-            recent.append(value)
-            rows.append((steps, now, value))
-        if runner_.stopped:
-            return
-        if len(recent) >= args.window and float(np.mean(recent)) >= args.threshold:
-            state["stop_reason"] = "target_return reached"
-        elif steps >= args.max_steps:
-            state["stop_reason"] = "race step cap reached"
-        else:
-            return
-        runner_._stop_training()  # what Sample Factory itself calls at the end of its budget
+            watch.episode(value, steps)
+        if not runner_.stopped and watch.stop_reason(steps):
+            runner_._stop_training()  # what Sample Factory itself calls at the end of its budget
 
     def race_on_clock(runner_) -> None:
         # Sample Factory 2.1.1 never counts its total_train_seconds up, so --train_for_seconds cannot stop it:
         # a timer on the runner's event loop stops it at the race's time cap (and at the step cap between episodes).
-        if runner_.stopped:
-            return
-        if left_s(args) <= 0:
-            state["stop_reason"] = "time_limit_s reached"
-        elif steps_now() >= args.max_steps:
-            state["stop_reason"] = "race step cap reached"
-        else:
-            return
-        runner_._stop_training()
+        if not runner_.stopped and watch.stop_reason(steps_now()):
+            runner_._stop_training()
 
     import types
 
@@ -180,18 +141,11 @@ def main(argv: list[str]) -> int:
     status = runner.init()
     if status == 0:
         status = runner.run()
-    wall = time.time() - run_start_unix
-    with open(out / "returns.csv", "w") as f:
-        f.write("env_steps,wall_time_s,return\n")
-        f.writelines(f"{steps},{t:.3f},{value:.3f}\n" for steps, t, value in rows)
     import sample_factory
 
-    result = {"run_start_unix": run_start_unix, "status": int(status), "stop_reason": state["stop_reason"],
-              "env_steps": steps_now(), "wall_time_s": wall, "episodes": len(rows),
-              "return_mean_last100": float(np.mean(recent)) if recent else None,
-              "framework_version": getattr(sample_factory, "__version__", "2.1.1"), "device": device,
-              "frameskip_in_counts": skip}
-    (out / "sf_result.json").write_text(json.dumps(result, indent=2))
+    watch.write(out, RESULT_FILE, steps_now(), status=int(status),
+                framework_version=getattr(sample_factory, "__version__", "2.1.1"), device=device,
+                frameskip_in_counts=skip)
     return 0 if status == 0 else 1
 
 
