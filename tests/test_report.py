@@ -249,5 +249,10 @@ def test_the_claims_section_renders_runs_and_missing_claims(tmp_path):
     assert ("| sample efficiency, CartPole-v1: last-100 mean return at 1,000 env steps | **holds** "
             "| P(hts > paac) 1.00 [1.00, 1.00]; mean return hts 11.0, paac 2.0 (3 and 3 runs) | 0, 1, 2 |") in text
     assert "Not run yet: part speed (`benchmarks/claims.py hts --parts speed`)." in text
+    assert "Why (" not in text
+    (fixture / "hts" / claims.NOTES_FILE).write_text("Ten seeds are few.\n")  # a hand-written reason, shown
+    missing = "Not run yet: part speed (`benchmarks/claims.py hts --parts speed`)."
+    assert claims.claims_section(fixture) == text.replace(
+        missing, f"{missing}\n\nWhy (`benchmarks/results/claims/hts/notes.md`): Ten seeds are few.")
     for name in ("paac", "ga3c", "seed", "impact"):
         assert f"No full run yet: `benchmarks/claims.py {name}` produces it" in text

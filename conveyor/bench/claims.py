@@ -21,6 +21,9 @@ from conveyor.bench.stats import CONFIDENCE, probability_of_improvement
 
 RESULTS_DIR = Path("benchmarks") / "results" / "claims"
 """Per claim, ``<claim>/runs.csv``; relative to the repository root."""
+NOTES_FILE = "notes.md"
+"""Beside a claim's ``runs.csv``: what is known of why its findings read as they do (a finding that does not hold
+here, with its reason), written by hand after a full run and shown under the claim's table."""
 HOLDS, FAILS, INCONCLUSIVE = "holds", "does not hold", "inconclusive"
 NON_INFERIORITY = 0.3
 """hts: sample efficiency is kept when P(hts > paac) is at least this at the low end of its CI (a run of
@@ -365,4 +368,7 @@ def claims_section(claims_dir: Path) -> str:
                    if not any(row.get("part") == part for row in rows)]
         if missing:
             lines += ["", f"Not run yet: part {', '.join(missing)} (`{claim.command} --parts {','.join(missing)}`)."]
+        notes = claims_dir / claim.name / NOTES_FILE
+        if notes.is_file():
+            lines += ["", f"Why (`{RESULTS_DIR.as_posix()}/{claim.name}/{NOTES_FILE}`): {notes.read_text().strip()}"]
     return "\n".join(lines) + "\n"
