@@ -16,8 +16,7 @@ pinned requirements:
 
 ``run_external`` runs the peer's runner (``conveyor/bench/runners/``: ``sf_runner.py``, ``cleanrl_runner.py``)
 in its venv and turns what it wrote into a conveyor run's ``summary.json`` (``returns.csv`` it writes itself) and
-the race's clock. Envs
-without a recipe are skipped rows saying why.
+the race's clock. Envs without a recipe are skipped rows saying why.
 """
 
 from __future__ import annotations
