@@ -333,6 +333,7 @@ def test_warns_when_the_target_network_can_never_sync():
     assert presets.target_sync_warning(RunCfg()) is None  # no target network
 
 
+@pytest.mark.slow  # an IMPACT run's start-up (5 s); target_sync_warning itself is checked above in make test
 def test_the_warning_is_one_line_on_stderr_at_start(capsys, tmp_path):
     assert main(["train", "--arch", "impact", "--total-steps", "500", "--target-update", "1000", "--no-progress",
                  "--out", str(tmp_path / "run")]) == 0

@@ -565,6 +565,27 @@ def test_sigterm_or_ctrl_c_mid_stream_ends_an_actor_with_128_plus_the_signal(car
                    what="the stopped actor's stream to close")
 
 
+STUCK_STOP_SCRIPT = """
+import signal, threading
+from conveyor.architectures.seed import actor
+actor.STOP_GRACE_S = 0.5
+class StuckActor:  # fault injection: its stop waits for ever, as a lock of grpc's can in channel.close()
+    def stop(self, signum):
+        threading.Event().wait()
+actor.stop_on_signals(StuckActor(), [signal.SIGTERM])
+print("ready", flush=True)
+threading.Event().wait()
+"""
+
+
+def test_an_actor_whose_stop_hangs_still_exits_with_128_plus_the_signal_after_the_grace():
+    proc = subprocess.Popen([sys.executable, "-c", STUCK_STOP_SCRIPT], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "ready\n"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    proc.stdout.close()
+
+
 def test_killed_actor_loses_only_its_partial_unrolls_and_a_restarted_one_rejoins(cartpole_server):
     stats = cartpole_server.stats
     first, second = actor_process(cartpole_server.address), actor_process(cartpole_server.address)

@@ -119,9 +119,10 @@ RUNS = {
 }
 
 
-# make test keeps paac, ga3c and seed/vtrace (2-5 s each); the others (6-8 s each) run in make test-slow
-@pytest.mark.parametrize("name", [pytest.param(name, marks=[pytest.mark.slow] * (name in ("paac-ppo", "seed-r2d2",
-                                                                                          "impact", "hts-ppo")))
+# make test keeps paac and ga3c (3-5 s each); the others (6-8 s each) run in make test-slow
+@pytest.mark.parametrize("name", [pytest.param(name, marks=[pytest.mark.slow] * (name in ("paac-ppo", "seed-vtrace",
+                                                                                          "seed-r2d2", "impact",
+                                                                                          "hts-ppo")))
                                   for name in RUNS])
 def test_every_architecture_writes_one_metrics_table_and_trains_its_input_statistics(tmp_path, name):
     cfg = RunCfg(**{**NORMALIZED, **RUNS[name]}, total_steps=3000, log_interval_s=0.05, out=str(tmp_path / "run"),
