@@ -6,13 +6,15 @@ CPU wheel that pip's ``find-links`` holds (the build stops if pip picked any oth
 pinned requirements:
 
 * Sample Factory 2.1.1 needs gymnasium < 1.0 and numpy < 2 (conveyor pins gymnasium 1.4 and numpy 2.4):
-  ``.peers/sample-factory`` with ``SF_REQUIREMENTS``. ale-py 0.8.1 ships no ROMs: a race run points its
-  ``ALE_PY_ROM_DIR`` at the ROMs of conveyor's own ale-py. Which of Sample Factory's published settings each
-  env gets: ``SF_RECIPES``.
+  ``.peers/sample-factory`` (``SAMPLE_FACTORY``). ale-py 0.8.1 ships no ROMs: a race run points its
+  ``ALE_PY_ROM_DIR`` at the ROMs of conveyor's own ale-py.
 * CleanRL 1.2.0, its last PyPI release, carries the single-file scripts (``cleanrl/ppo.py``, ...) but declares
   Python < 3.11 only because of its Poetry lock; it goes in with ``--no-deps --ignore-requires-python`` beside
-  what its PPO scripts import (``CLEANRL_REQUIREMENTS``: gym 0.23.1 for ``ppo.py``, gymnasium 0.28.1 for
-  ``ppo_continuous_action.py``, tensorboard). Which script each env gets: ``CLEANRL_RECIPES``.
+  what its PPO scripts import: gym 0.23.1 for ``ppo.py``, gymnasium 0.28.1 for ``ppo_continuous_action.py``,
+  tensorboard (``CLEANRL``).
+
+Each peer is one ``ExternalPeer`` of ``PEERS``: its venv's requirements, its runner, and which of its published
+settings (its recipes) each env gets.
 
 ``run_external`` runs the peer's runner (``conveyor/bench/runners/``: ``sf_runner.py``, ``cleanrl_runner.py``)
 in its venv and turns what it wrote into a conveyor run's ``summary.json`` (``returns.csv`` it writes itself) and
@@ -21,6 +23,7 @@ the race's clock. Envs without a recipe are skipped rows saying why.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -33,44 +36,8 @@ from typing import Any
 
 from conveyor.bench.suites import PeerUnavailable, RaceGoal
 
-PEERS = (("sample-factory", "appo"), ("cleanrl", "ppo"))
-"""(framework, algorithm) of the race's peers outside conveyor's environment."""
 PEERS_DIR_ENV = "CONVEYOR_PEERS_DIR"
-SF_VENV_NAME = "sample-factory"
-SF_VERSION = "2.1.1"
-SF_REQUIREMENTS = (f"sample-factory=={SF_VERSION}", "gymnasium==0.29.1", "numpy==1.26.4", "ale-py==0.8.1",
-                   "shimmy[atari]==0.2.1")
-"""Sample Factory's venv beside torch (shimmy registers ale-py 0.8's ``ALE/`` ids with gymnasium 0.29)."""
 TORCH_PIN = "torch==2.13.0"
-SF_RECIPES = {
-    "CartPole-v1": "gym",  # sf_examples/train_gym_env.py: its docstring's CartPole-v1 command line
-    "Acrobot-v1": "gym",  # the same example's settings (Sample Factory publishes none for Acrobot)
-    "Pendulum-v1": "mujoco",  # sf_examples.mujoco: its continuous-control recipe (none for Pendulum itself)
-    "ALE/Pong-v5": "atari",  # sf_examples.atari: its Atari recipe (atari_pong)
-}
-SF_RECIPE_TEXT = {
-    "gym": "Sample Factory 2.1.1 APPO, sf_examples/train_gym_env.py's CartPole-v1 command line",
-    "mujoco": "Sample Factory 2.1.1 APPO, sf_examples.mujoco's recipe (mujoco_override_defaults)",
-    "atari": ("Sample Factory 2.1.1 APPO, sf_examples.atari's recipe (atari_override_defaults, its wrappers; "
-              "v5 sticky actions, frameskip 4 in its wrapper)"),
-}
-CLEANRL_VENV_NAME = "cleanrl"
-CLEANRL_VERSION = "1.2.0"
-CLEANRL_PACKAGE = f"cleanrl=={CLEANRL_VERSION}"
-CLEANRL_REQUIREMENTS = ("gym==0.23.1", "gymnasium==0.28.1", "numpy==1.26.4", "pygame==2.6.1",
-                        "tensorboard==2.21.0")
-"""What CleanRL's two PPO scripts import, beside torch (cleanrl itself goes in without its dependencies; gym
-0.23's classic-control envs import pygame, whose pinned 2.1.0 has no wheel for Python 3.11)."""
-CLEANRL_RECIPES = {
-    "CartPole-v1": "ppo",  # ppo.py's defaults are its CartPole-v1 settings (500k steps)
-    "Acrobot-v1": "ppo",  # CleanRL's benchmark runs ppo.py on Acrobot-v1 with the same defaults
-    "Pendulum-v1": "ppo_continuous_action",  # its defaults are its MuJoCo settings (none for Pendulum itself)
-}
-CLEANRL_RECIPE_TEXT = {
-    "ppo": "CleanRL 1.2.0 cleanrl/ppo.py as published, its defaults (4 envs x 128 steps, 500k steps)",
-    "ppo_continuous_action": ("CleanRL 1.2.0 cleanrl/ppo_continuous_action.py as published, its defaults "
-                              "(its MuJoCo settings: 1 env x 2048 steps, 1M steps)"),
-}
 TERMINATE_GRACE_S = 60.0
 RUNNERS = Path(__file__).with_name("runners")
 """The runners' folder: standalone scripts that the peers' own Pythons run by path."""
@@ -83,28 +50,90 @@ def peers_dir() -> Path:
     return Path(__file__).resolve().parents[2] / ".peers"
 
 
-def sf_python() -> Path:
-    return peers_dir() / SF_VENV_NAME / "bin" / "python"
+@dataclasses.dataclass(frozen=True)
+class ExternalPeer:
+    """A race peer with a venv of its own and a runner in ``RUNNERS``."""
+
+    framework: str
+    """Its name in run names, tables and ``.peers/`` (``sample-factory``)."""
+    label: str
+    """Its name in messages (``Sample Factory``)."""
+    algo: str
+    """The algorithm it races with."""
+    requirements: tuple[str, ...]
+    """What pip installs into its venv beside torch."""
+    no_deps: tuple[str, ...]
+    """What pip installs after those, without dependencies."""
+    imports: str
+    """Comma-separated modules that must import once the venv is built."""
+    runner: str
+    """The runner script's file name in ``RUNNERS``."""
+    recipe_flag: str
+    """The runner's argument that names the recipe."""
+    result_name: str
+    """The file the runner writes its result to."""
+    recipes: dict[str, str]
+    """Env id -> the recipe the peer publishes for it (or the nearest one)."""
+    recipe_text: dict[str, str]
+    """Recipe -> how the race's settings column describes it."""
+    minatar_reason: str
+    """Why it has no MinAtar recipe, after "<peer> publishes no recipe for <env id>"."""
+
+    def python(self) -> Path:
+        return peers_dir() / self.framework / "bin" / "python"
 
 
-def cleanrl_python() -> Path:
-    return peers_dir() / CLEANRL_VENV_NAME / "bin" / "python"
+SF_VERSION = "2.1.1"
+SAMPLE_FACTORY = ExternalPeer(
+    framework="sample-factory", label="Sample Factory", algo="appo",
+    # shimmy registers ale-py 0.8's ``ALE/`` ids with gymnasium 0.29
+    requirements=(f"sample-factory=={SF_VERSION}", "gymnasium==0.29.1", "numpy==1.26.4", "ale-py==0.8.1",
+                  "shimmy[atari]==0.2.1"),
+    no_deps=(), imports="sample_factory, gymnasium", runner="sf_runner.py", recipe_flag="--recipe",
+    result_name="sf_result.json",
+    recipes={
+        "CartPole-v1": "gym",  # sf_examples/train_gym_env.py: its docstring's CartPole-v1 command line
+        "Acrobot-v1": "gym",  # the same example's settings (Sample Factory publishes none for Acrobot)
+        "Pendulum-v1": "mujoco",  # sf_examples.mujoco: its continuous-control recipe (none for Pendulum itself)
+        "ALE/Pong-v5": "atari",  # sf_examples.atari: its Atari recipe (atari_pong)
+    },
+    recipe_text={
+        "gym": "Sample Factory 2.1.1 APPO, sf_examples/train_gym_env.py's CartPole-v1 command line",
+        "mujoco": "Sample Factory 2.1.1 APPO, sf_examples.mujoco's recipe (mujoco_override_defaults)",
+        "atari": ("Sample Factory 2.1.1 APPO, sf_examples.atari's recipe (atari_override_defaults, its wrappers; "
+                  "v5 sticky actions, frameskip 4 in its wrapper)"),
+    },
+    minatar_reason=" (its conv encoders are built for 84x84 frames, MinAtar's are 10x10)")
+CLEANRL_VERSION = "1.2.0"
+CLEANRL = ExternalPeer(
+    framework="cleanrl", label="CleanRL", algo="ppo",
+    # gym 0.23's classic-control envs import pygame, whose pinned 2.1.0 has no wheel for Python 3.11
+    requirements=("gym==0.23.1", "gymnasium==0.28.1", "numpy==1.26.4", "pygame==2.6.1", "tensorboard==2.21.0"),
+    no_deps=(f"cleanrl=={CLEANRL_VERSION}",), imports="gym, gymnasium, tensorboard, cleanrl.ppo",
+    runner="cleanrl_runner.py", recipe_flag="--script", result_name="cleanrl_result.json",
+    recipes={
+        "CartPole-v1": "ppo",  # ppo.py's defaults are its CartPole-v1 settings (500k steps)
+        "Acrobot-v1": "ppo",  # CleanRL's benchmark runs ppo.py on Acrobot-v1 with the same defaults
+        "Pendulum-v1": "ppo_continuous_action",  # its defaults are its MuJoCo settings (none for Pendulum itself)
+    },
+    recipe_text={
+        "ppo": "CleanRL 1.2.0 cleanrl/ppo.py as published, its defaults (4 envs x 128 steps, 500k steps)",
+        "ppo_continuous_action": ("CleanRL 1.2.0 cleanrl/ppo_continuous_action.py as published, its defaults "
+                                  "(its MuJoCo settings: 1 env x 2048 steps, 1M steps)"),
+    },
+    minatar_reason=(": ppo.py makes gym 0.23 envs and feeds its MLP flat observations, MinAtar's ids are "
+                    "gymnasium's and its states 10x10xC"))
+PEERS = {peer.framework: peer for peer in (SAMPLE_FACTORY, CLEANRL)}
+"""The race's peers outside conveyor's environment, by framework name."""
 
 
 def skip_reason(framework: str, env_id: str) -> str:
     """Why ``framework`` cannot race on ``env_id`` here ("" when it can)."""
-    if framework == "cleanrl":
-        if env_id not in CLEANRL_RECIPES:
-            return (f"CleanRL publishes no script for {env_id}: ppo.py makes gym 0.23 envs and feeds its MLP flat "
-                    "observations, MinAtar's ids are gymnasium's and its states 10x10xC" if env_id.startswith(
-                        "MinAtar/") else f"no CleanRL recipe for {env_id} in this suite")
-        python = cleanrl_python()
-    else:
-        if env_id not in SF_RECIPES:
-            return (f"Sample Factory publishes no recipe for {env_id} (its conv encoders are built for 84x84 "
-                    "frames, MinAtar's are 10x10)" if env_id.startswith("MinAtar/") else
-                    f"no Sample Factory recipe for {env_id} in this suite")
-        python = sf_python()
+    peer = PEERS[framework]
+    if env_id not in peer.recipes:
+        return (f"{peer.label} publishes no recipe for {env_id}{peer.minatar_reason}"
+                if env_id.startswith("MinAtar/") else f"no {peer.label} recipe for {env_id} in this suite")
+    python = peer.python()
     if not python.is_file():
         return f"{framework}'s venv {python.parent.parent} is not built (make peers)"
     return ""
@@ -156,22 +185,18 @@ def build_venv(name: str, requirements: tuple[str, ...], imports: str, no_deps: 
 
 
 def build_peers(log: Any = print) -> list[Path]:
-    """Both peers' venvs (``make peers``)."""
-    return [build_venv(SF_VENV_NAME, SF_REQUIREMENTS, "sample_factory, gymnasium", log=log),
-            build_venv(CLEANRL_VENV_NAME, CLEANRL_REQUIREMENTS, "gym, gymnasium, tensorboard, cleanrl.ppo",
-                       (CLEANRL_PACKAGE,), log=log)]
+    """Every external peer's venv (``make peers``)."""
+    return [build_venv(peer.framework, peer.requirements, peer.imports, peer.no_deps, log=log)
+            for peer in PEERS.values()]
 
 
 # ---- a race run -----------------------------------------------------------------------------------------
 def runner_command(framework: str, env_id: str) -> tuple[list[str], str, str]:
     """The peer's runner in its venv (less the race's arguments), its result file's name and its recipe text."""
-    if framework == "cleanrl":
-        script = CLEANRL_RECIPES[env_id]
-        return ([str(cleanrl_python()), "-I", str(RUNNERS / "cleanrl_runner.py"), "--script", script],
-                "cleanrl_result.json", CLEANRL_RECIPE_TEXT[script])
-    recipe = SF_RECIPES[env_id]
-    return ([str(sf_python()), "-I", str(RUNNERS / "sf_runner.py"), "--recipe", recipe], "sf_result.json",
-            SF_RECIPE_TEXT[recipe])
+    peer = PEERS[framework]
+    recipe = peer.recipes[env_id]
+    return ([str(peer.python()), "-I", str(RUNNERS / peer.runner), peer.recipe_flag, recipe], peer.result_name,
+            peer.recipe_text[recipe])
 
 
 def run_external(framework: str, algo: str, cfg: Any, run_dir: Path, goal: RaceGoal, spawned_unix: float) -> None:

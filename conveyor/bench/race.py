@@ -185,11 +185,11 @@ def race_suite(seeds: Sequence[int] | None = None, *, quick: bool = False, full:
             for seed in seeds:
                 runs.append(BenchRun(run_name("sb3", "", algo, env.id, seed), _carrier(env, seed), framework="sb3",
                                      eval_episodes=0, algo_label=algo, skip_reason=skip, race=env.goal()))
-        for framework, algo in PEERS:
+        for framework, peer in PEERS.items():
             skip = env_skip or skip_reason(framework, env.id)
             for seed in seeds:
-                runs.append(BenchRun(run_name(framework, "", algo, env.id, seed), _carrier(env, seed),
-                                     framework=framework, eval_episodes=0, algo_label=algo, skip_reason=skip,
+                runs.append(BenchRun(run_name(framework, "", peer.algo, env.id, seed), _carrier(env, seed),
+                                     framework=framework, eval_episodes=0, algo_label=peer.algo, skip_reason=skip,
                                      race=env.goal()))
     name = "race-quick" if quick else "race-full" if full else "race"
     return Suite(name, race_description(envs, seeds), tuple(runs), race_envs=envs)
