@@ -586,6 +586,30 @@ def test_an_actor_whose_stop_hangs_still_exits_with_128_plus_the_signal_after_th
     proc.stdout.close()
 
 
+SLOW_STOP_SCRIPT = """
+import os, signal, threading, time
+from conveyor.architectures.seed import actor
+entered, finished = threading.Event(), threading.Event()
+class SlowStopActor:  # its stop holds its thread a while, as channel.close can
+    def stop(self, signum):
+        entered.set()
+        time.sleep(1.0)
+        finished.set()
+relay = actor.stop_on_signals(SlowStopActor(), [signal.SIGTERM])
+os.kill(os.getpid(), signal.SIGTERM)
+entered.wait()
+relay.close()
+print("finished" if finished.is_set() else "still stopping", flush=True)
+"""
+
+
+def test_closing_the_signal_relay_waits_for_a_stop_in_progress():
+    """The main thread must not finalize the interpreter while the relay thread is inside ``actor.stop``: a thread
+    frozen there by finalization keeps grpc's lock, and grpc's ``__del__`` then waits for it for ever."""
+    done = subprocess.run([sys.executable, "-c", SLOW_STOP_SCRIPT], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (0, "finished\n"), done.stderr
+
+
 def test_killed_actor_loses_only_its_partial_unrolls_and_a_restarted_one_rejoins(cartpole_server):
     stats = cartpole_server.stats
     first, second = actor_process(cartpole_server.address), actor_process(cartpole_server.address)

@@ -106,13 +106,14 @@ def main(args: argparse.Namespace) -> int:
         stop_signals.append(signal.SIGINT)
     actor = Actor(args.learner, token, args.num_envs, args.num_workers, tls_ca=tls_ca, retry_s=args.retry_s,
                   max_message_bytes=args.max_message_bytes)
-    stop_on_signals(actor, stop_signals)
+    relay = stop_on_signals(actor, stop_signals)
     try:
         return actor.run()
     except WorkerFailure as error:  # an env worker died or hung: a local actor is restarted by the learner
         print(f"conveyor actor: error: {error}", file=sys.stderr)
         return EXIT_ENVS_FAILED
     finally:
+        relay.close()  # waits for a stop in progress: see stop_on_signals
         actor.close()
 
 
@@ -121,21 +122,25 @@ def actor_name(pid: int, hostname: str = "") -> str:
     return f"{hostname or socket.gethostname()}:{pid}"
 
 
-def stop_on_signals(actor: Actor, signals: list[signal.Signals]) -> None:
+def stop_on_signals(actor: Actor, signals: list[signal.Signals]) -> SignalRelay:
     """Make each of ``signals`` stop ``actor`` (its ``run`` returns 128 + the signal's number), and end the
     process ``STOP_GRACE_S`` later if it has not ended by then. The relay thread calls ``actor.stop``: in the
-    signal handler it would take grpc's locks, which the main thread may hold there (``SignalRelay``). The exit
-    deadline is armed first: ``actor.stop`` closes the channel, which can wait on a lock of grpc's for ever (an
-    actor outlived its SIGTERM by 40 s once, in make test beside two CPU hogs)."""
+    signal handler it would take grpc's locks, which the main thread may hold there (``SignalRelay``).
+
+    ``actor.stop`` closes the channel, which holds grpc's locks and can wait on one for ever, so the exit
+    deadline is armed first. Close the returned relay before the main thread returns: that waits for a stop in
+    progress. A relay thread still inside ``channel.close`` when the interpreter finalizes is frozen there with
+    grpc's lock held, and grpc's ``__del__`` then waits for that lock for ever (an actor outlived its SIGTERM
+    so, by hours, in make test beside two CPU hogs)."""
 
     def stop_then_exit(signum: int) -> None:
-        # a daemon thread: the process ends before it fires when run() returns
+        # a daemon thread: the process ends before it fires when main() returns
         deadline = threading.Timer(STOP_GRACE_S, os._exit, args=(128 + signum,))
         deadline.daemon = True
         deadline.start()
         actor.stop(signum)
 
-    SignalRelay(signals, stop_then_exit)
+    return SignalRelay(signals, stop_then_exit)
 
 
 class Refused(Exception):
