@@ -53,6 +53,7 @@ def test_example_env_is_learned_with_defaults(tmp_path, capsys):
     assert config["env"]["id"] == CORRIDOR  # as typed: a resumed run or a remote actor imports the module again
 
 
+@pytest.mark.slow  # an IMPACT run (4 s); make test trains the example env under the default architecture
 def test_env_and_model_of_your_own_under_impact(tmp_path, capsys):
     """IMPACT workers are processes of their own: each imports the env's module and builds the encoder."""
     out = tmp_path / "run"

@@ -127,8 +127,9 @@ def run_cfg(arch: str, tmp_path: Path, env: EnvCfg, **overrides) -> RunCfg:
     return RunCfg(**{**base, **overrides})
 
 
-@pytest.mark.parametrize("arch", ["paac", *(pytest.param(arch, marks=pytest.mark.slow)
-                                             for arch in ("ga3c", "hts", "impact", "seed"))])
+# every architecture in make test-slow (6-9 s each); make test keeps the worker-level hang tests above
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["paac", "ga3c", "hts", "impact", "seed"])
 def test_hung_envs_are_killed_and_restarted_and_the_run_reaches_its_step_count(arch, tmp_path, monkeypatch):
     """The first env of each of the run's 2 workers (env workers, agents, executors, IMPACT workers, SEED
     actors) to take its 30th step hangs there, so no worker can go on; the run restarts both (their

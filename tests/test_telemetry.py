@@ -119,10 +119,8 @@ RUNS = {
 }
 
 
-# make test keeps paac and ga3c (3-5 s each); the others (6-8 s each) run in make test-slow
-@pytest.mark.parametrize("name", [pytest.param(name, marks=[pytest.mark.slow] * (name in ("paac-ppo", "seed-vtrace",
-                                                                                          "seed-r2d2", "impact",
-                                                                                          "hts-ppo")))
+# make test keeps paac-a2c (3 s); the others (5-8 s each) run in make test-slow
+@pytest.mark.parametrize("name", [pytest.param(name, marks=[pytest.mark.slow] * (name != "paac-a2c"))
                                   for name in RUNS])
 def test_every_architecture_writes_one_metrics_table_and_trains_its_input_statistics(tmp_path, name):
     cfg = RunCfg(**{**NORMALIZED, **RUNS[name]}, total_steps=3000, log_interval_s=0.05, out=str(tmp_path / "run"),
