@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import signal
 import subprocess
@@ -12,20 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.benchmark_scripts import load_benchmark_script
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "matrix.py"
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("matrix", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("matrix", module)  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_matrix_is_issue_48s_list_defaults_only_seed_major():
-    matrix = load_script()
+    matrix = load_benchmark_script("matrix")
     runs = matrix.selected([], [], [])
     counts = {}
     for run in runs:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.benchmark_scripts import load_benchmark_script
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "profile_race.py"
@@ -24,15 +25,8 @@ RAW = "\n".join([
 ])
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("profile_race", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_stacks_are_counted_by_process_self_and_call_tree():
-    profile = load_script()
+    profile = load_benchmark_script("profile_race")
     stacks = profile.parse_raw(RAW)
     assert [(root, pid, count) for root, pid, _, count in stacks] == [(7, 7, 30), (7, 7, 50), (7, 9, 16),
                                                                       (7, 9, 4), (7, 7, 0)]
@@ -50,7 +44,7 @@ def test_stacks_are_counted_by_process_self_and_call_tree():
 
 
 def test_a_stack_without_its_process_frame_is_refused():
-    profile = load_script()
+    profile = load_benchmark_script("profile_race")
     with pytest.raises(ValueError, match="--subprocesses"):
         profile.parse_raw("<module> (x.py:1);f (x.py:2) 3")
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import subprocess
 import sys
@@ -11,19 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.benchmark_scripts import load_benchmark_script
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "tune_evidence.py"
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("tune_evidence", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_verdict_follows_the_iqm_of_each_arm_and_p_of_improvement_counts_pairs():
-    evidence = load_script()
+    evidence = load_benchmark_script("tune_evidence")
     # IQM of 5 runs: the mean of the middle 3 (the lowest and the highest are a quarter each, cut)
     result = evidence.compare([-900.0, -200.0, -210.0, -190.0, -100.0], [-250.0, -240.0, -1200.0, -230.0, -220.0],
                               reps=200)
@@ -42,7 +36,7 @@ def test_the_verdict_follows_the_iqm_of_each_arm_and_p_of_improvement_counts_pai
 def test_the_preset_arm_is_best_toml_without_the_sampled_values():
     best = {"arch": "paac", "algo": "a2c", "env": "CartPole-v1", "total-steps": 3000, "env-backend": "inproc",
             "lr": 0.001, "num-envs": 32}
-    flags = load_script().arm_flags(best, {"lr", "num-envs"})
+    flags = load_benchmark_script("tune_evidence").arm_flags(best, {"lr", "num-envs"})
     assert flags["tuned"] == best
     assert flags["preset"] == {"arch": "paac", "algo": "a2c", "env": "CartPole-v1", "total-steps": 3000,
                                "env-backend": "inproc"}
