@@ -304,6 +304,7 @@ def test_agent_processes_resize_at_run_time_without_deadlock_or_leaks():
     assert not any(t.is_alive() for t in threading.enumerate() if t.name.startswith("test-"))
 
 
+@pytest.mark.slow  # 4-6 s; make test keeps the same die-with-parent path for HTS's executors
 def test_agents_exit_when_the_parent_is_killed(tmp_path):
     script = textwrap.dedent("""
         import json, sys, time

@@ -126,6 +126,7 @@ def test_envpool_backend_refuses_minatar_in_one_line():
     assert "--env-backend shm" in str(error.value) and "\n" not in str(error.value)
 
 
+@pytest.mark.slow  # a Breakout run (4-5 s); make test keeps MinAtar's env and model tests
 def test_paac_trains_on_breakout_end_to_end(tmp_path):
     out = tmp_path / "run"
     # One learner thread: two would fight the two env workers for this machine's cores (it only changes speed).
