@@ -580,10 +580,14 @@ threading.Event().wait()
 
 def test_an_actor_whose_stop_hangs_still_exits_with_128_plus_the_signal_after_the_grace():
     proc = subprocess.Popen([sys.executable, "-c", STUCK_STOP_SCRIPT], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline() == "ready\n"
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
-    proc.stdout.close()
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        proc.kill()  # a failing run leaves nothing behind
+        proc.wait()
+        proc.stdout.close()
 
 
 SLOW_STOP_SCRIPT = """
