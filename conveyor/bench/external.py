@@ -98,10 +98,10 @@ SAMPLE_FACTORY = ExternalPeer(
         "ALE/Pong-v5": "atari",  # sf_examples.atari: its Atari recipe (atari_pong)
     },
     recipe_text={
-        "gym": "Sample Factory 2.1.1 APPO, sf_examples/train_gym_env.py's CartPole-v1 command line",
-        "mujoco": "Sample Factory 2.1.1 APPO, sf_examples.mujoco's recipe (mujoco_override_defaults)",
-        "atari": ("Sample Factory 2.1.1 APPO, sf_examples.atari's recipe (atari_override_defaults, its wrappers; "
-                  "v5 sticky actions, frameskip 4 in its wrapper)"),
+        "gym": f"Sample Factory {SF_VERSION} APPO, sf_examples/train_gym_env.py's CartPole-v1 command line",
+        "mujoco": f"Sample Factory {SF_VERSION} APPO, sf_examples.mujoco's recipe (mujoco_override_defaults)",
+        "atari": (f"Sample Factory {SF_VERSION} APPO, sf_examples.atari's recipe (atari_override_defaults, its "
+                  "wrappers; v5 sticky actions, frameskip 4 in its wrapper)"),
     },
     minatar_reason=" (its conv encoders are built for 84x84 frames, MinAtar's are 10x10)")
 CLEANRL_VERSION = "1.2.0"
@@ -117,9 +117,10 @@ CLEANRL = ExternalPeer(
         "Pendulum-v1": "ppo_continuous_action",  # its defaults are its MuJoCo settings (none for Pendulum itself)
     },
     recipe_text={
-        "ppo": "CleanRL 1.2.0 cleanrl/ppo.py as published, its defaults (4 envs x 128 steps, 500k steps)",
-        "ppo_continuous_action": ("CleanRL 1.2.0 cleanrl/ppo_continuous_action.py as published, its defaults "
-                                  "(its MuJoCo settings: 1 env x 2048 steps, 1M steps)"),
+        "ppo": (f"CleanRL {CLEANRL_VERSION} cleanrl/ppo.py as published, its defaults (4 envs x 128 steps, 500k "
+                "steps)"),
+        "ppo_continuous_action": (f"CleanRL {CLEANRL_VERSION} cleanrl/ppo_continuous_action.py as published, its "
+                                  "defaults (its MuJoCo settings: 1 env x 2048 steps, 1M steps)"),
     },
     minatar_reason=(": ppo.py makes gym 0.23 envs and feeds its MLP flat observations, MinAtar's ids are "
                     "gymnasium's and its states 10x10xC"))
