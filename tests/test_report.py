@@ -75,6 +75,26 @@ def test_identical_runs_improve_with_probability_one_half():
     assert stats.probability_of_improvement([SCORES[:, 0] + 100], [SCORES[:, 0]], reps=REPS) == (1.0, 1.0, 1.0)
 
 
+@pytest.mark.parametrize("counts", [(5, 5, 5), (4,), (3, 5, 2)])
+def test_all_replicates_draw_the_indices_that_one_draw_per_replicate_would(counts):
+    """The draws of every replicate at once are rliable's draws one replicate after another: with equal
+    counts one ``[runs, tasks]`` draw per replicate, else one draw per task."""
+    reference = np.random.RandomState(7)
+    expected = [[] for _ in counts]
+    for _ in range(50):
+        if len(set(counts)) == 1:
+            drawn = reference.randint(0, counts[0], size=(counts[0], len(counts)))
+            per_task = [drawn[:, task] for task in range(len(counts))]
+        else:
+            per_task = [reference.randint(0, count, size=count) for count in counts]
+        for task, index in enumerate(per_task):
+            expected[task].append(index)
+    drawn = stats._run_indices(np.random.RandomState(7), list(counts), 50)
+    for task, count in enumerate(counts):
+        assert drawn[task].shape == (50, count)
+        np.testing.assert_array_equal(drawn[task], np.stack(expected[task]))
+
+
 def test_unequal_seed_counts_resample_within_each_task():
     tasks = [np.array([1.0, 2.0, 3.0]), np.array([10.0, 11.0])]
     estimate, low, high = stats.stratified_bootstrap(tasks, stats.pooled_iqm, reps=REPS)

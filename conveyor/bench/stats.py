@@ -39,13 +39,17 @@ def iqm(scores: np.ndarray, axis: int | None = None) -> np.ndarray:
     return np.take(values, np.arange(cut, count - cut), axis=axis).mean(axis=axis)
 
 
-def _run_indices(rng: np.random.RandomState, counts: Sequence[int]) -> list[np.ndarray]:
-    """One replicate's resampled run indices per task. Equal counts: one ``[runs, tasks]`` draw, as
-    rliable's ``StratifiedBootstrap.update_indices``; else one draw per task."""
+def _run_indices(rng: np.random.RandomState, counts: Sequence[int], reps: int) -> list[np.ndarray]:
+    """Per task, ``[reps, runs]``: each replicate's resampled run indices, drawn in rliable's order (per
+    replicate, equal counts: one ``[runs, tasks]`` draw, as ``StratifiedBootstrap.update_indices``; else one
+    draw per task). Equal counts take every replicate's draw in one call: ``RandomState`` makes bounded
+    integers one after another from one stream, so a ``[reps, runs, tasks]`` draw holds the same numbers as
+    ``reps`` draws of ``[runs, tasks]`` (tests/test_report.py checks)."""
     if len(set(counts)) == 1:
-        drawn = rng.randint(0, counts[0], size=(counts[0], len(counts)))
-        return [drawn[:, task] for task in range(len(counts))]
-    return [rng.randint(0, count, size=count) for count in counts]
+        drawn = rng.randint(0, counts[0], size=(reps, counts[0], len(counts)))
+        return [drawn[:, :, task] for task in range(len(counts))]
+    drawn = [[rng.randint(0, count, size=count) for count in counts] for _ in range(reps)]
+    return [np.stack([replicate[task] for replicate in drawn]) for task in range(len(counts))]
 
 
 def stratified_bootstrap(tasks: Sequence[np.ndarray], statistic: Callable[[np.ndarray], np.ndarray],
@@ -60,10 +64,8 @@ def stratified_bootstrap(tasks: Sequence[np.ndarray], statistic: Callable[[np.nd
     if not matrices or any(len(matrix) == 0 for matrix in matrices):
         raise ValueError("every task needs at least one run")
     estimate = statistic(np.concatenate(matrices)[None])[0]
-    rng = np.random.RandomState(seed)
-    replicates = np.stack([np.concatenate([matrix[index] for matrix, index in
-                                           zip(matrices, _run_indices(rng, [len(m) for m in matrices]))])
-                           for _ in range(reps)])
+    indices = _run_indices(np.random.RandomState(seed), [len(matrix) for matrix in matrices], reps)
+    replicates = np.concatenate([matrix[index] for matrix, index in zip(matrices, indices)], axis=1)
     values = statistic(replicates)
     tail = 100 * (1 - confidence) / 2
     low, high = np.percentile(values, [tail, 100 - tail], axis=0)
