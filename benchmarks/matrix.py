@@ -1,6 +1,6 @@
 """The comparison matrix of the results page (issue 48): every arch/algo on each env, defaults only, several seeds.
 
-    .venv/bin/python benchmarks/matrix.py [--envs TEXT,TEXT] [--archs ARCH,ARCH] [--seeds N,N] [--jobs 2] [--list]
+    .venv/bin/python benchmarks/matrix.py [--envs TEXT,TEXT] [--archs ARCH,ARCH/ALGO] [--seeds N,N] [--jobs 2] [--list]
 
 Each run is ``conveyor train --arch A --algo L --env E --seed N --total-steps S`` and nothing else (the presets
 choose the rest, as in the learning suite). ``--jobs`` runs go at once (default 2: the matrix is hours of CPU on
@@ -84,19 +84,21 @@ class MatrixRun:
 
 
 def selected(envs: Sequence[str], archs: Sequence[str], seeds: Sequence[int]) -> list[MatrixRun]:
-    """The matrix's runs whose env id contains one of ``envs`` and whose arch is in ``archs`` (all when empty),
-    with ``seeds`` in place of each env's own; seed-major, so that every row gets its first seeds first."""
+    """The matrix's runs whose env id contains one of ``envs`` and whose arch or arch/algo is in ``archs`` (all
+    when empty), with ``seeds`` in place of each env's own; seed-major, so that every row gets its first seeds
+    first."""
     runs = [MatrixRun(env.id, arch, algo, seed, env.total_steps)
             for env in MATRIX if not envs or any(text in env.id for text in envs)
             for seed in (seeds or env.seeds)
-            for arch, algo in env.runs if not archs or arch in archs]
+            for arch, algo in env.runs if not archs or arch in archs or f"{arch}/{algo}" in archs]
     return sorted(runs, key=lambda run: run.seed)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--envs", default="", help="only envs whose id contains one of these (comma-separated)")
-    parser.add_argument("--archs", default="", help="only these architectures (comma-separated)")
+    parser.add_argument("--archs", default="", help="only these architectures, or arch/algo pairs "
+                        "(comma-separated: seed/vtrace runs SEED's V-trace rows without its R2D2 ones)")
     parser.add_argument("--seeds", default="", help="these seeds in place of each env's own (comma-separated)")
     parser.add_argument("--jobs", type=int, default=2, help="runs at once (default 2)")
     parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "matrix", help="run directories' root")

@@ -36,6 +36,9 @@ def test_the_matrix_is_issue_48s_list_defaults_only_seed_major():
     assert one.command(Path("d"))[3:] == ["train", "--arch", "hts", "--algo", "ppo", "--env", "Pendulum-v1", "--seed",
                                           "7", "--total-steps", "300000", "--no-progress", "--out", "d"]
     assert one.name == "Pendulum-v1/hts-ppo/seed-7"
+    vtrace_only = matrix.selected(["MinAtar"], ["seed/vtrace", "paac"], [1])
+    assert {(run.arch, run.algo) for run in vtrace_only} == {("seed", "vtrace"), ("paac", "a2c")}
+    assert len(vtrace_only) == 10
 
 
 def matrix_command(tmp_path: Path, *extra: str) -> list[str]:
