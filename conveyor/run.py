@@ -190,6 +190,8 @@ class Run:
         self._peers_out_of_time = False  # under torchrun: a rank reached --time-limit-s at the last share_progress
         self.stop_event = threading.Event()
         self.stop_reason = ""
+        # should_stop's checks and the records of threads that act on their own (record_served_*): one at a time
+        self._stop_decision = threading.Lock()
         self.interrupted = threading.Event()  # a signal came: stop a video in flight rather than wait for it
         self._closers: list[Any] = []
         self._signal_relay: SignalRelay | None = None
@@ -364,6 +366,26 @@ class Run:
         else:
             self._pending_returns.append(np.asarray(episode_returns, np.float64).copy())
 
+    def record_served_steps(self, steps: int) -> None:
+        """Env steps acted on a thread of their own (SEED's inference), counted until the run decides to stop.
+        Later ones (actors stepping while the learner shuts down) are never trained on: they count as
+        ``count/steps_after_stop`` instead."""
+        with self._stop_decision:
+            if self.stop_event.is_set():
+                self.telemetry.count("steps_after_stop", steps)
+            else:
+                self.telemetry.add_steps(steps)
+
+    def record_served_episodes(self, episode_returns: np.ndarray) -> None:
+        """Episodes that ended on a thread of their own (SEED's inference), recorded until the run decides to
+        stop, under the lock of that decision: an episode that ends after the return that stopped the run
+        must not move summary.json's return away from it. Later ones count as ``count/episodes_after_stop``."""
+        with self._stop_decision:
+            if self.stop_event.is_set():
+                self.telemetry.count("episodes_after_stop", int(np.count_nonzero(~np.isnan(episode_returns))))
+            else:
+                self.record_episodes(episode_returns)
+
     def _counters(self) -> np.ndarray:
         tel = self.telemetry
         return np.array([tel.env_steps, tel.dropped_steps, tel.restarts], np.float64)
@@ -436,13 +458,15 @@ class Run:
         cfg, tel = self.cfg, self.telemetry
         if self.stop_event.is_set():
             return True
-        if tel.env_steps >= cfg.total_steps:
-            self.request_stop("total_steps reached")
-        elif self.target_return is not None and len(tel.returns) >= 100 and tel.return_mean_last100 >= self.target_return:
-            self.request_stop("target_return reached")
-        elif cfg.time_limit_s and (tel.wall_time_s >= cfg.time_limit_s if self.dist is None
-                                   else self._peers_out_of_time):  # under torchrun, as share_progress found
-            self.request_stop("time_limit_s reached")
+        with self._stop_decision:
+            if tel.env_steps >= cfg.total_steps:
+                self.request_stop("total_steps reached")
+            elif (self.target_return is not None and len(tel.returns) >= 100
+                  and tel.return_mean_last100 >= self.target_return):
+                self.request_stop("target_return reached")
+            elif cfg.time_limit_s and (tel.wall_time_s >= cfg.time_limit_s if self.dist is None
+                                       else self._peers_out_of_time):  # under torchrun, as share_progress found
+                self.request_stop("time_limit_s reached")
         return self.stop_event.is_set()
 
     # ---- output --------------------------------------------------------------------------

@@ -705,6 +705,26 @@ def test_learner_with_two_external_actors_learns_cartpole(tmp_path):
     assert summary["time_split"]["env"] > 0 and summary["time_split"]["act"] > 0
 
 
+def test_what_actors_serve_after_the_stop_decision_is_counted_apart_from_the_run(tmp_path):
+    """The inference thread reports steps and episodes on its own: once the run has decided to stop (here: its
+    target return), an episode ending while the learner shuts down must not move summary.json's return below
+    the target that stopped it, and steps no update will use must not count as the run's."""
+    from conveyor.config import RunCfg
+    from conveyor.run import Run
+
+    cfg = RunCfg(out=str(tmp_path / "run"), target_return=195.0, total_steps=10**6, progress=False)
+    with Run(cfg) as run:
+        for _ in range(100):
+            run.record_served_steps(200)
+            run.record_served_episodes(np.array([200.0, np.nan]))
+        assert run.should_stop() and run.stop_reason == "target_return reached"
+        run.record_served_steps(16)
+        run.record_served_episodes(np.array([9.0, 12.0, np.nan]))
+        tel = run.telemetry
+        assert (tel.env_steps, tel.episodes, tel.return_mean_last100) == (20_000, 100, 200.0)
+        assert (tel.counters["steps_after_stop"], tel.counters["episodes_after_stop"]) == (16, 2)
+
+
 @pytest.mark.parametrize("args, message", [
     (["--local-actors", "0"], "remote actors need a shared token"),
     (["--listen", "nohostport"], "is not HOST:PORT or unix:PATH"),

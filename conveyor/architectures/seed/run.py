@@ -113,7 +113,7 @@ def run(cfg: RunCfg) -> dict[str, Any]:
             if arch.launcher == "ray" else None
         stats = InferenceStats()
         inference = CentralInference(policy, obs_spec, unroll, cfg.algo.gamma, sink, overlap=overlap, stats=stats,
-                                     on_steps=run.telemetry.add_steps, on_episodes=run.telemetry.add_episodes,
+                                     on_steps=run.record_served_steps, on_episodes=run.record_served_episodes,
                                      timer=run.timer)
         batcher = run.closing(Batcher(inference.process, arch.inference_batch, arch.inference_timeout_ms / 1000.0,
                                       stats=stats))
