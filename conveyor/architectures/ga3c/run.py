@@ -26,6 +26,9 @@ Sharing one model between threads takes three locks:
   and autograd refuses a backward whose saved parameters another trainer's
   optimizer step changed in place. So N_T > 1 overlaps one trainer's
   gathering and copying of segments with another's update, not two updates.
+  The main loop decides to stop under it too: no update lands after the
+  decision (its segments count as ``count/steps_after_stop``), so a run
+  stopped at its target return reports a last-100 return at or above it.
 - ``params_lock``: a predictor's forward and an optimizer step exclude each
   other, so every prediction sees one whole parameter version and the version
   stamped on its action is exact. Trainers' forward and backward run
@@ -129,6 +132,9 @@ def run(cfg: RunCfg) -> dict[str, Any]:
                 seg = channels.segments(slots)
                 channels.release_segments(slots)
                 with update_lock, run.timer("learn"):
+                    if run.stop_event.is_set():
+                        run.telemetry.count("steps_after_stop", seg["env_rewards"].size)
+                        return
                     batch = training_batch(model, seg, cfg.algo.gamma, device)
                     tel.add_lag(learner.version, seg["policy_version"])
                     metrics, _ = learner.compute_gradients(batch)
@@ -150,7 +156,11 @@ def run(cfg: RunCfg) -> dict[str, Any]:
         meter = Meter(run, channels, cfg)
         tuner = Autotuner(start, Counts(1, 1, 1), high, random.Random(cfg.seed)) if arch.autotune else None
         history: list[dict[str, Any]] = []
-        while not run.should_stop():
+        def decided_to_stop() -> bool:
+            with update_lock:
+                return run.should_stop()
+
+        while not decided_to_stop():
             run.stop_event.wait(0.1)
             agents.check()
             meter.sample()
