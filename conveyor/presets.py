@@ -401,6 +401,12 @@ ALGO_FAMILY: dict[tuple[str, str], dict[str, Any]] = {
         "algo.lr": 7e-4,  # source: rl-zoo a2c.yml Pendulum-v1 learning_rate lin_7e-4 (constant here)
         "algo.value_coef": 0.4,  # source: rl-zoo a2c.yml Pendulum-v1 vf_coef 0.4
     },
+    ("vtrace", "minatar"): {  # IMPALA's 32 x 20 steps per update made 1,560 updates in the matrix's 1M steps:
+        # Asterix 0.7 / 0.9 and Seaquest 1.0 / 0.9 (seeds 1 / 2: random play), where paac/a2c's 80 steps made 12,500
+        "arch.unroll": 5,  # source: tuned here: seed/vtrace MinAtar/Asterix-v1 at 1M: 13.2 / 11.7 (seeds 1 / 2), with
+        # batch 8 of 20-step unrolls 2.1 / 2.3 (docs/benchmarks-log.md, 2026-12-02)
+        "arch.batch_size": 16,  # source: tuned here: with unroll 5, 80 steps per update as PAAC's 16 x 5
+    },
     ("vtrace", "mujoco"): {
         **CONTINUOUS_CONTROL,
         "algo.lr": 1.5e-5,  # source: IMPACT table 2: IMPALA lr 1.5e-5 on continuous control
@@ -481,6 +487,10 @@ ALGO_FAMILY: dict[tuple[str, str], dict[str, Any]] = {
         "env.num_envs": 32,  # source: PAAC section 5.1 n_e = 32 (GA3C acts with num_agents envs)
         "arch.num_agents": 32,  # source: GA3C section 5.1: N_A in {16, 32, 64, 128} on Pong
         "algo.lr_schedule": "constant",  # source: GA3C Config.py LEARNING_RATE_START = LEARNING_RATE_END = 0.0003
+    },
+    ("ga3c", "minatar"): {
+        "algo.lr": 7e-4,  # source: tuned here: ga3c/ga3c MinAtar/Asterix-v1 at 1M: 10.3 / 12.8 (seeds 1 / 2) where GA3C's
+        # 3e-4 gave 1.7 / 1.7 (docs/benchmarks-log.md, 2026-12-02); HTS-RL table A4's A2C lr 0.0007, as paac/a2c's
     },
     ("ga3c", "classic-discrete"): {
         "algo.lr": 3e-3,  # source: tuned here: ga3c/ga3c CartPole-v1 seed 1: 475 at 174k steps (tests/test_ga3c.py lr)
