@@ -156,6 +156,7 @@ def run(cfg: RunCfg) -> dict[str, Any]:
         meter = Meter(run, channels, cfg)
         tuner = Autotuner(start, Counts(1, 1, 1), high, random.Random(cfg.seed)) if arch.autotune else None
         history: list[dict[str, Any]] = []
+
         def decided_to_stop() -> bool:
             with update_lock:
                 return run.should_stop()
