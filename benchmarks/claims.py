@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))  # the sibling scripts whose measuring code the claims reuse
 
 from conveyor.bench import write_csv  # noqa: E402
-from conveyor.bench.claims import CLAIMS, PART_NAMES, RESULTS_DIR, read_rows, verdict_line  # noqa: E402
+from conveyor.bench.claims import CLAIMS, PART_NAMES, RESULTS_DIR, read_rows, rows_kept, verdict_line  # noqa: E402
 
 Rows = Iterator[dict[str, Any]]
 
@@ -166,7 +166,8 @@ def hts_rows(args: argparse.Namespace, work: Path) -> Rows:
 
 RUNNERS: dict[str, Callable[[argparse.Namespace, Path], Rows]] = {
     "paac": paac_rows, "ga3c": ga3c_rows, "seed": seed_rows, "impact": impact_rows, "hts": hts_rows}
-"""A claim run in parts (``PART_NAMES``) keeps, in runs.csv, the rows of the parts it does not run."""
+"""A claim run in parts (``PART_NAMES``) or for some of its seeds keeps, in runs.csv, the rows of the parts and
+seeds it does not run (``rows_kept``)."""
 
 
 def main() -> int:
@@ -194,7 +195,7 @@ def main() -> int:
     command = shlex.join(["benchmarks/claims.py", *sys.argv[1:]])
     print(f"claim {args.claim} ({mode}): expect about {claim.quick_minutes if args.quick else claim.full_minutes} "
           f"minutes on 2 busy cores; rows to {out / 'runs.csv'}", flush=True)
-    kept = [row for row in read_rows(out / "runs.csv") if row.get("part") not in args.parts] if args.parts else []
+    kept = rows_kept(read_rows(out / "runs.csv"), args.parts, args.seeds)
     rows: list[dict[str, Any]] = []
     for row in RUNNERS[args.claim](args, work):
         rows.append({"claim": args.claim, "mode": mode, "date": time.strftime("%Y-%m-%d"), "command": command,

@@ -269,6 +269,8 @@ def test_the_claims_section_renders_runs_and_missing_claims(tmp_path):
     assert ("| sample efficiency, CartPole-v1: last-100 mean return at 1,000 env steps | **holds** "
             "| P(hts > paac) 1.00 [1.00, 1.00]; mean return hts 11.0, paac 2.0 (3 and 3 runs) | 0, 1, 2 |") in text
     assert "Not run yet: part speed (`benchmarks/claims.py hts --parts speed`)." in text
+    assert ("Not run yet: seeds 3, 4, 5, 6, 7, 8, 9 (`benchmarks/claims.py hts --seeds 3,4,5,6,7,8,9`).\n\n"
+            "Not run yet: part speed") in text  # hts's default seeds are 0-9; the fixture has 0-2
     assert "Why (" not in text
     (fixture / "hts" / claims.NOTES_FILE).write_text("Ten seeds are few.\n")  # a hand-written reason, shown
     missing = "Not run yet: part speed (`benchmarks/claims.py hts --parts speed`)."
@@ -276,3 +278,16 @@ def test_the_claims_section_renders_runs_and_missing_claims(tmp_path):
         missing, f"{missing}\n\nWhy (`benchmarks/results/claims/hts/notes.md`): Ten seeds are few.")
     for name in ("paac", "ga3c", "seed", "impact"):
         assert f"No full run yet: `benchmarks/claims.py {name}` produces it" in text
+
+
+def test_a_claim_run_for_some_seeds_or_parts_keeps_the_rows_of_the_others():
+    rows = [{"part": "efficiency", "seed": "0", "n": 1}, {"part": "efficiency", "seed": "1", "n": 2},
+            {"part": "speed", "seed": "", "n": 3}, {"part": "efficiency", "seed": "2", "n": 4}]
+    assert [row["n"] for row in claims.rows_kept(rows, ("efficiency", "speed"), [1])] == [1, 4]  # speed reruns
+    assert [row["n"] for row in claims.rows_kept(rows, ("efficiency",), [1])] == [1, 3, 4]
+    assert [row["n"] for row in claims.rows_kept(rows, ("speed",), [0, 1, 2])] == [1, 2, 4]
+    assert claims.rows_kept(rows, ("efficiency", "speed"), [0, 1, 2]) == []  # a full rerun replaces all
+    impact = [{"seed": "0", "n": 1}, {"seed": "1", "n": 2}]  # a claim without parts, run a seed at a time
+    assert [row["n"] for row in claims.rows_kept(impact, (), [2])] == [1, 2]
+    assert [row["n"] for row in claims.rows_kept(impact, (), [0])] == [2]
+    assert claims.rows_kept([{"sps": "1"}], (), [0]) == []  # unseeded rows (paac's grid) are always rerun

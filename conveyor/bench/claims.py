@@ -328,6 +328,22 @@ def read_rows(path: Path) -> list[Row]:
         return list(csv.DictReader(f))
 
 
+def rows_kept(rows: Sequence[Row], parts: Sequence[str], seeds: Sequence[int]) -> list[Row]:
+    """The rows of a claim's ``runs.csv`` that a new invocation running ``parts`` (empty: the claim has none) and
+    ``seeds`` does not replace: rows of the other parts, and rows whose seed is not run. A row without a seed
+    (a speed or grid measurement) is replaced whenever its part runs. So a claim of hours runs a seed at a time,
+    across sessions, and its verdicts count every seed run so far."""
+    run_seeds = {str(seed) for seed in seeds}
+    return [row for row in rows
+            if (parts and row.get("part") not in parts) or str(row.get("seed", "")) not in run_seeds | {""}]
+
+
+def _seeds_not_run(claim: Claim, rows: Sequence[Row]) -> list[int]:
+    """The claim's default seeds that its seeded rows do not have yet (none when its rows carry no seed)."""
+    seeded = {int(row["seed"]) for row in rows if str(row.get("seed", "")).isdigit()}
+    return [seed for seed in claim.seeds if seeded and seed not in seeded]
+
+
 def verdict_line(claim: Claim, findings: Sequence[Finding]) -> str:
     return "\n".join(f"{claim.name}: {finding.what}: {finding.verdict.upper()} ({finding.numbers})"
                      for finding in findings) or f"{claim.name}: no finished runs: inconclusive"
@@ -364,6 +380,10 @@ def claims_section(claims_dir: Path) -> str:
                   "| tested | verdict | numbers [95% CI] | seeds |", "|---|---|---|---|"]
         lines += [f"| {_cell(finding.what)} | **{finding.verdict}** | {_cell(finding.numbers)} | {finding.seeds} |"
                   for finding in claim.verdicts(rows)]
+        if seeds := _seeds_not_run(claim, rows):
+            listed = ",".join(map(str, seeds))
+            lines += ["", f"Not run yet: seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))} "
+                          f"(`{claim.command} --seeds {listed}`)."]
         missing = [part for part in PART_NAMES.get(claim.name, ())
                    if not any(row.get("part") == part for row in rows)]
         if missing:
