@@ -138,6 +138,12 @@ def test_an_exported_run_reports_as_its_run_directory(tmp_path):
         aggregate.find_runs([tmp_path / "runs", tmp_path / "exported"])
 
 
+def test_the_page_spans_numbers_from_the_lowest_to_the_highest():
+    assert aggregate._span([102_280, 88_960], "{:,}".format) == "88,960 to 102,280"  # not by their strings
+    assert aggregate._span(["2026-12-02", "2026-11-28"]) == "2026-11-28 to 2026-12-02"
+    assert aggregate._span([1_000_000, 1_000_000], "{:,}".format) == "1,000,000"
+
+
 def test_the_results_page_regenerates_from_the_committed_data(tmp_path, monkeypatch):
     """docs/results.md is what `conveyor report` writes from benchmarks/results/matrix, byte for byte."""
     monkeypatch.chdir(REPO)

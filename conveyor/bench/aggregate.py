@@ -26,7 +26,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -333,8 +333,11 @@ def _interval(row: dict[str, Any] | None) -> str:
     return "-" if row is None else f"{_num(row['value'])} [{_num(row['low'])}, {_num(row['high'])}]"
 
 
-def _span(values: Sequence[str]) -> str:
-    return values[0] if min(values) == max(values) else f"{min(values)} to {max(values)}"
+def _span(values: Sequence[Any], text: Callable[[Any], str] = str) -> str:
+    """The lowest to the highest of ``values`` (compared as they are, then written by ``text``): numbers compare
+    as numbers, not as their formatted strings ("88,960" sorts after "102,280")."""
+    low, high = min(values), max(values)
+    return text(low) if low == high else f"{text(low)} to {text(high)}"
 
 
 def page(records: Sequence[RunRecord], rows: Sequence[dict[str, Any]], command: str, figures: str,
@@ -361,8 +364,9 @@ def page(records: Sequence[RunRecord], rows: Sequence[dict[str, Any]], command: 
     for (env, label), runs in groups.items():
         final = _select(rows, "final", env, label)[0]
         normalized = _select(rows, "normalized", env, label)
+        steps = _span([int(run.curve[-1, 0]) for run in runs], "{:,}".format)
         lines.append(f"| {env} | {label} | {', '.join(str(run.seed) for run in runs)} "
-                     f"| {_span([format(int(run.curve[-1, 0]), ',') for run in runs])} | {_span([run.date for run in runs])} "
+                     f"| {steps} | {_span([run.date for run in runs])} "
                      f"| {_interval(final)} | {_interval(normalized[0] if normalized else None)} |")
     lines += ["", f"![final return]({figures}/final_iqm.png)"]
     if across := _select(rows, "normalized", "all"):
