@@ -31,12 +31,14 @@ def curve(returns, seconds_per_episode=1.0, steps_per_episode=10):
 
 
 def fake_run(tmp_path, name, returns, *, startup=4.0, status="ok", env="CartPole-v1", contender=("paac", "a2c"),
-             framework="conveyor", seed=0, seconds_per_episode=0.5):
+             framework="conveyor", seed=0, seconds_per_episode=0.5, machine_speed=None):
     """A finished bench run's directory (spec, clock, returns.csv, summary.json) and its results row."""
     run_dir = tmp_path / "runs" / name
     run_dir.mkdir(parents=True)
     spawned = 1_000_000.0
-    (run_dir / "bench_spec.json").write_text(json.dumps({"spawned_unix": spawned}))
+    spec = {"spawned_unix": spawned} if machine_speed is None else {"spawned_unix": spawned,
+                                                                   "machine_speed": machine_speed}
+    (run_dir / "bench_spec.json").write_text(json.dumps(spec))
     (run_dir / CLOCK_FILE).write_text(json.dumps({"spawned_unix": spawned, "run_start_unix": spawned + startup,
                                                   "startup_s": startup}))
     data = curve(returns, seconds_per_episode)
@@ -117,8 +119,9 @@ def test_report_table_chart_and_csvs(tmp_path):
     markdown.write_text("# Benchmarks\n\nOther sections.\n")
     write_race_results(suite, tmp_path, rows, 12.0, markdown=markdown)
     text = (tmp_path / "results.md").read_text()
-    assert "| paac/a2c | 1/1 | 54.0 s | 1,000 | 4.0 s | 1,000, 20.0 |" in text
-    assert "| sb3/dqn | 0/1 | not reached (> 100 s) | - | 4.0 s | 3,000, 1.0 | a recipe |" in text
+    assert "| paac/a2c | 1/1 | 54.0 s | 1,000 | 4.0 s | - | 1,000, 20.0 |" in text
+    assert "| sb3/dqn | 0/1 | not reached (> 100 s) | - | 4.0 s | - | 3,000, 1.0 | a recipe |" in text
+    assert "The machine's speed" not in text  # no run recorded one: nothing to compare
     assert "| cleanrl/ppo | - | skipped: not installed here |" in text
     assert "![race_CartPole-v1](race_CartPole-v1.png)" in text
     assert (tmp_path / "race_CartPole-v1.png").read_bytes()[:8] == PNG_MAGIC
@@ -129,6 +132,39 @@ def test_report_table_chart_and_csvs(tmp_path):
     published = markdown.read_text()
     assert published.startswith("# Benchmarks\n\nOther sections.\n")
     assert "<!-- conveyor bench --suite race: start -->" in published and "(./race_CartPole-v1.png)" in published
+
+
+def test_the_table_shows_the_machine_speed_and_warns_when_it_moved_between_runs(tmp_path):
+    env = RaceEnv("CartPole-v1", 10.0, 10_000, 100.0)
+    suite = Suite("race", "a test race", (), race_envs=(env,))
+
+    def page(speeds):
+        rows = [fake_run(tmp_path / str(len(list(tmp_path.iterdir()))), f"{i}", [20.0] * 100, seed=i,
+                         contender=(("paac", "a2c"), ("sb3", "ppo"))[i % 2], machine_speed=speed)
+                for i, speed in enumerate(speeds)]
+        write_race_results(suite, tmp_path, rows, 1.0)
+        return (tmp_path / "results.md").read_text()
+
+    steady = page([1000.0, 1100.0, 1050.0, 1090.0])  # within SPEED_SPREAD: no warning
+    assert "| paac/a2c | 2/2 | 54.0 s (54.0 s - 54.0 s) | 1,000 (1,000 - 1,000) | 4.0 s | 1,025/s |" in steady
+    assert "| 4.0 s | 1,095/s |" in steady and "The machine's speed" not in steady
+    moved = page([1000.0, 2200.0, 1000.0, 2200.0])  # SB3's seeds ran on a 2.2x faster machine
+    assert ("The machine's speed moved between this table's runs, from 1,000/s to 2,200/s (2.20x): times taken "
+            "at speeds that far apart are not side by side.") in moved
+    partly = page([1000.0, None, 1000.0, 1000.0])  # a run from before the speed was recorded
+    assert "The machine's speed was not recorded for runs of sb3/ppo (from before the race recorded it)." in partly
+    with open(tmp_path / "race.csv") as f:
+        assert [row["machine_speed"] for row in csv.DictReader(f)] == ["1000.0", "", "1000.0", "1000.0"]
+
+
+def test_the_machine_speed_workload_is_timed_on_one_thread_and_leaves_torch_as_it_was():
+    import torch
+
+    from conveyor.bench.machine_speed import machine_speed
+
+    threads = torch.get_num_threads()
+    assert machine_speed(seconds=0.05) > 0
+    assert torch.get_num_threads() == threads
 
 
 def test_merge_keeps_earlier_rows_that_a_rerun_does_not_replace(tmp_path):
@@ -397,7 +433,7 @@ def test_small_race_end_to_end(tmp_path):
         raced = list(csv.DictReader(f))
     for row in raced:
         assert row["reached"] == "True" and row["stop_reason"] == "target_return reached"
-        assert float(row["startup_s"]) > 0
+        assert float(row["startup_s"]) > 0 and float(row["machine_speed"]) > 0  # timed by the parent, per run
         assert float(row["time_to_threshold_s"]) == pytest.approx(
             float(row["startup_s"]) + float(row["run_time_at_crossing_s"]))
     assert "rl-zoo 2.9.2 ppo.yml" in raced[1]["settings"]

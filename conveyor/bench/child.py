@@ -57,6 +57,10 @@ def execute(run: BenchRun, run_dir: Path) -> dict[str, Any]:
             "eval_env_args": [list(pair) for pair in run.eval_env_args], "eval_checkpoints": list(run.eval_checkpoints),
             "config": cfg.to_dict(), "algo": run.algo_label or cfg.algo.name,
             "race": dataclasses.asdict(run.race) if run.race else None}
+    if run.race:  # before the clock starts: how fast the machine is just now (machine_speed.py)
+        from conveyor.bench.machine_speed import machine_speed
+
+        spec["machine_speed"] = machine_speed()
     started = time.perf_counter()
     timed_out = False
     with open(run_dir / "bench.log", "w") as log_file:

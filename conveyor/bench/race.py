@@ -28,7 +28,10 @@ clock; the race time of an episode is ``run_start_unix - spawned_unix``
 both caps ``reached`` it; any other is ``capped`` (its race time is the time
 cap, drawn hatched). Over seeds: the median (censored: a seed that did not
 reach counts as infinitely slow, so the median is "not reached" unless over
-half the seeds reached), min and max.
+half the seeds reached), min and max. Times taken hours apart on a shared
+machine are not side by side: before each run the parent times a fixed
+workload (``machine_speed.py``), each row keeps it, and an env's table says
+when its rows ran at speeds more than ``SPEED_SPREAD`` apart.
 
 Results (``write_race_results``): ``race.csv`` (every run), ``race_summary.csv``
 (every env and contender over seeds), ``results.md`` (a table per env) and
@@ -71,6 +74,9 @@ INVOCATION_FIELDS = ("date", "commit", "command", "runs", "elapsed_s", "load", "
 """``invocations.csv``: one row per invocation whose rows the results folder holds (``--merge`` appends), so the
 page says when, at which commit and with which command each of its rows ran."""
 DEFAULT_SEEDS = (0, 1, 2)
+SPEED_SPREAD = 1.2
+"""An env's table warns when the fastest machine speed of its runs is more than this times the slowest: above the
+run-to-run spread of ``machine_speed`` on an unchanged machine."""
 
 
 @dataclass(frozen=True)
@@ -292,10 +298,13 @@ def race_row(row: dict[str, Any], goal: RaceGoal) -> dict[str, Any]:
     threshold from spawn, start-up, and how the run ended."""
     from conveyor.returns_file import read_returns
 
+    from conveyor.bench.child import SPEC_FILE
+
     run_dir = Path(row["run_dir"])
     clock = _read_json(run_dir / CLOCK_FILE)
     summary = _read_json(run_dir / "summary.json")
     startup = clock.get("startup_s")
+    speed = _read_json(run_dir / SPEC_FILE).get("machine_speed")  # None for runs from before machine_speed.py
     crossing = Crossing(False, None, None)
     if startup is not None and row["status"] == "ok":
         try:
@@ -310,18 +319,18 @@ def race_row(row: dict[str, Any], goal: RaceGoal) -> dict[str, Any]:
         "steps_to_threshold": crossing.steps, "startup_s": startup, "run_time_at_crossing_s": crossing.run_time_s,
         "env_steps": row["env_steps"], "run_wall_time_s": row["wall_time_s"],
         "return_mean_last100": row["return_mean_last100"], "stop_reason": row["stop_reason"],
-        "settings": summary.get("recipe") or "", "run_dir": row["run_dir"],
+        "settings": summary.get("recipe") or "", "machine_speed": speed, "run_dir": row["run_dir"],
     }
 
 
 RACE_FIELDS = ("env", "contender", "framework", "seed", "status", "error", "threshold", "cap_time_s", "cap_steps",
                "reached", "capped", "time_to_threshold_s", "steps_to_threshold", "startup_s",
                "run_time_at_crossing_s", "env_steps", "run_wall_time_s", "return_mean_last100", "stop_reason",
-               "settings", "run_dir")
+               "settings", "machine_speed", "run_dir")
 SUMMARY_FIELDS = ("env", "contender", "framework", "settings", "seeds", "seeds_ok", "seeds_reached", "threshold",
                   "cap_time_s", "cap_steps", "time_median_s", "time_min_s", "time_max_s", "steps_median",
                   "steps_min", "steps_max", "startup_median_s", "stop_steps_median", "return_median_last100",
-                  "notes")
+                  "machine_speed_median", "machine_speed_min", "machine_speed_max", "machine_speed_runs", "notes")
 
 
 def _finite(value: Any) -> bool:
@@ -356,6 +365,7 @@ def summarize(rows: Sequence[dict[str, Any]], settings: dict[tuple[str, str], st
         startups = [row["startup_s"] for row in ok if row["startup_s"] is not None]
         finals = [row["return_mean_last100"] for row in ok if _finite(row["return_mean_last100"])]
         stop_steps = [row["env_steps"] for row in ok if _finite(row["env_steps"])]
+        speeds = [row["machine_speed"] for row in ok if _finite(row.get("machine_speed"))]
         notes = sorted({f"{row['status']}: {row['error']}" for row in group if row["status"] != "ok"})
         first = group[0]
         results.append({
@@ -367,7 +377,10 @@ def summarize(rows: Sequence[dict[str, Any]], settings: dict[tuple[str, str], st
             "steps_median": steps and steps[0], "steps_min": steps and steps[1], "steps_max": steps and steps[2],
             "startup_median_s": float(np.median(startups)) if startups else None,
             "stop_steps_median": float(np.median(stop_steps)) if stop_steps else None,
-            "return_median_last100": float(np.median(finals)) if finals else None, "notes": "; ".join(notes),
+            "return_median_last100": float(np.median(finals)) if finals else None,
+            "machine_speed_median": float(np.median(speeds)) if speeds else None,
+            "machine_speed_min": min(speeds, default=None), "machine_speed_max": max(speeds, default=None),
+            "machine_speed_runs": len(speeds), "notes": "; ".join(notes),
         })
     return results
 
@@ -407,13 +420,13 @@ def race_table(env: RaceEnv, results: Sequence[dict[str, Any]]) -> list[str]:
     rank = sorted(results, key=lambda r: (r["seeds_ok"] == 0, r["time_median_s"] is None,
                                           r["time_median_s"] if r["time_median_s"] is not None else 0.0))
     lines = ["| contender | reached | time to threshold: median (min-max) | env steps to threshold "
-             "| start-up | at stop: env steps, last-100 return | settings |",
-             "|---|---:|---:|---:|---:|---:|---|"]
+             "| start-up | machine speed | at stop: env steps, last-100 return | settings |",
+             "|---|---:|---:|---:|---:|---:|---:|---|"]
     for result in rank:
         cap_t = result["cap_time_s"]
         if not result["seeds_ok"]:
             status = result["notes"] or "no runs"
-            lines.append(f"| {result['contender']} | - | {_cell(status, 160)} | - | - | - "
+            lines.append(f"| {result['contender']} | - | {_cell(status, 160)} | - | - | - | - "
                          f"| {_cell(result['settings'])} |")
             continue
         median = result["time_median_s"]
@@ -431,9 +444,32 @@ def race_table(env: RaceEnv, results: Sequence[dict[str, Any]]) -> list[str]:
         startup = "-" if result["startup_median_s"] is None else f"{result['startup_median_s']:.1f} s"
         final = "-" if result["return_median_last100"] is None else f"{result['return_median_last100']:.1f}"
         stopped = "-" if result["stop_steps_median"] is None else f"{result['stop_steps_median']:,.0f}"
-        lines.append(f"| {result['contender']} | {reached} | {time_text} | {steps_text} | {startup} "
+        speed = _speed(result.get("machine_speed_median"))
+        lines.append(f"| {result['contender']} | {reached} | {time_text} | {steps_text} | {startup} | {speed} "
                      f"| {stopped}, {final} | {_cell(result['settings'])} |")
     return lines
+
+
+def _speed(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}/s"
+
+
+def speed_note(results: Sequence[dict[str, Any]]) -> str:
+    """Under an env's table (``results``: its ``summarize`` lines): a warning when its runs' machine speeds
+    (``machine_speed.py``) lie further apart than ``SPEED_SPREAD``, and which contenders have runs from before the
+    race recorded it; "" when every run has a speed and they are all about one."""
+    lows = [r["machine_speed_min"] for r in results if r.get("machine_speed_min") is not None]
+    highs = [r["machine_speed_max"] for r in results if r.get("machine_speed_max") is not None]
+    unknown = [r["contender"] for r in results if r["seeds_ok"] and (r.get("machine_speed_runs") or 0) < r["seeds_ok"]]
+    notes = []
+    if lows and max(highs) > SPEED_SPREAD * min(lows):
+        notes.append(f"The machine's speed moved between this table's runs, from {_speed(min(lows))} to "
+                     f"{_speed(max(highs))} ({max(highs) / min(lows):.2f}x): times taken at speeds that far apart "
+                     "are not side by side.")
+    if lows and unknown:
+        notes.append(f"The machine's speed was not recorded for runs of {', '.join(unknown)} (from before the race "
+                     "recorded it).")
+    return " ".join(notes)
 
 
 def plot_race(env: RaceEnv, results: Sequence[dict[str, Any]], out_dir: Path) -> Path | None:
@@ -558,7 +594,9 @@ def race_report(suite: Suite, results: Sequence[dict[str, Any]], runs: int, elap
         "reached the threshold, within the caps (time and env steps); every contender stops there. Median over "
         "seeds (a seed that did not reach counts as infinitely slow: `not reached` unless over half did), "
         "min-max in brackets; `>` marks a cap. Start-up: from spawn to the start of the run's own clock, after "
-        "its imports (median). At stop: where the run was when it stopped (threshold, a cap, or its recipe's own "
+        "its imports (median). Machine speed: how fast the shared machine was just before the run (a fixed "
+        "training step on one torch thread, per second, `conveyor/bench/machine_speed.py`; median; `-` for runs from "
+        "before it was recorded). At stop: where the run was when it stopped (threshold, a cap, or its recipe's own "
         "budget). Every conveyor contender runs with its presets alone; each peer with its own published "
         "settings (the settings column).",
     ]
@@ -568,6 +606,8 @@ def race_report(suite: Suite, results: Sequence[dict[str, Any]], runs: int, elap
             continue
         lines += ["", f"#### {env.id}: threshold {env.threshold:g}, cap {env.time_limit_s:,.0f} s and "
                       f"{env.max_steps:,} env steps", "", *race_table(env, env_results)]
+        if note := speed_note(env_results):
+            lines += ["", note]
         from conveyor.plots import file_safe
 
         stem = f"race_{file_safe(env.id)}"
@@ -585,7 +625,8 @@ def read_race_csv(path: Path) -> list[dict[str, Any]]:
         if key in ("seed",):
             return int(text)
         if key in ("threshold", "cap_time_s", "cap_steps", "time_to_threshold_s", "steps_to_threshold",
-                   "startup_s", "run_time_at_crossing_s", "env_steps", "run_wall_time_s", "return_mean_last100"):
+                   "startup_s", "run_time_at_crossing_s", "env_steps", "run_wall_time_s", "return_mean_last100",
+                   "machine_speed"):
             if text in ("", "None"):
                 return None
             return int(text) if text.lstrip("-").isdigit() else float(text)  # as it was written
