@@ -74,9 +74,10 @@ INVOCATION_FIELDS = ("date", "commit", "command", "runs", "elapsed_s", "load", "
 """``invocations.csv``: one row per invocation whose rows the results folder holds (``--merge`` appends), so the
 page says when, at which commit and with which command each of its rows ran."""
 DEFAULT_SEEDS = (0, 1, 2)
-SPEED_SPREAD = 1.2
-"""An env's table warns when the fastest machine speed of its runs is more than this times the slowest: above the
-run-to-run spread of ``machine_speed`` on an unchanged machine."""
+SPEED_SPREAD = 1.5
+"""An env's table warns when the fastest machine speed of its runs is more than this times the slowest. Above
+the noise of one sample: on the idle 2-core VM, 18 samples in a row spread 1.32x (1 s each) and 1.45x (3 s
+each), drifting over tens of seconds (2026-12-02); the night-to-afternoon shift that prompted it was 2x."""
 
 
 @dataclass(frozen=True)
