@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.bench.report import result_row
-from conveyor.bench.suites import BenchRun, PeerUnavailable
+from conveyor.bench.suites import SPEC_FILE, BenchRun, PeerUnavailable
 from conveyor.config import RunCfg
 from conveyor.errors import ConfigError
 from conveyor.procs import die_with_parent
@@ -37,7 +37,6 @@ CHILD_MODULE = "conveyor.bench.child"
 TERMINATE_GRACE_S = 30.0
 """Seconds a timed-out child gets to stop after SIGTERM before SIGKILL."""
 EXIT_SKIPPED = 3
-SPEC_FILE = "bench_spec.json"
 OUTCOME_FILE = "outcome.json"
 PARENT_PID_ENV = "CONVEYOR_BENCH_PARENT_PID"
 

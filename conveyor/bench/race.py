@@ -59,6 +59,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from conveyor.bench.suites import RACE_CLOCK_FILE as CLOCK_FILE
 from conveyor.bench.suites import RACE_WINDOW as WINDOW
+from conveyor.bench.suites import SPEC_FILE
 from conveyor.bench.suites import BenchRun, PeerUnavailable, RaceGoal, Suite, run_name, train_config
 from conveyor.bench.suites import write_race_clock as write_clock
 from conveyor.errors import ConfigError
@@ -298,8 +299,6 @@ def race_row(row: dict[str, Any], goal: RaceGoal) -> dict[str, Any]:
     """A bench results row (``report.result_row``) with its race result: reached, time and steps to the
     threshold from spawn, start-up, and how the run ended."""
     from conveyor.returns_file import read_returns
-
-    from conveyor.bench.child import SPEC_FILE
 
     run_dir = Path(row["run_dir"])
     clock = _read_json(run_dir / CLOCK_FILE)

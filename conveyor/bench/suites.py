@@ -57,6 +57,8 @@ class RaceGoal:
 RACE_WINDOW = 100
 """Episodes in the mean that must reach a race's threshold (as ``conveyor train --target-return``)."""
 RACE_CLOCK_FILE = "race_clock.json"
+SPEC_FILE = "bench_spec.json"
+"""A bench run's spec (config, race goal, spawn time, machine speed), written by the parent for its child."""
 
 
 def write_race_clock(run_dir: Path, spawned_unix: float, run_start_unix: float | None) -> None:
