@@ -1,8 +1,8 @@
 """The machine's speed at a moment: a fixed CPU workload timed just before each race run.
 
 The race compares wall-clock times that were measured minutes, hours or days apart on a shared machine, whose
-speed moves with its neighbours' load (on the project's 2-core VM, one contender ran 2.2x faster in the
-afternoon than the same commit and seeds had the night before). Each race row therefore records
+speed moves with its neighbours' load (on the project's 2-core VM, paac/a2c and SB3 A2C both raced MinAtar
+SpaceInvaders about 2x faster one afternoon than with the same code and seeds the night before). Each race row therefore records
 ``machine_speed``: iterations per second of the same small training step, on one torch thread, timed in the
 bench's parent process right before the run's child is spawned (outside the run's clock). The race's table
 shows it per contender and says when the rows of one env ran at speeds too far apart to be compared side by
