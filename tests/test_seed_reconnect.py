@@ -210,11 +210,13 @@ def test_an_actor_reconnecting_mid_episode_reports_whole_returns_and_a_replaced_
             wait_until(lambda: len(learner.returns) >= seen + ENVS, what="episodes after the reconnect")
         counters = learner.stats.counters
         assert breaks == 4
+        # The returns waited for may come from the old stream's last Steps, before the actor is back: its episodes
+        # count as cut until its next stream continues them, which the design guarantees happens.
+        wait_until(lambda: counters.get("episodes_cut", 0) == 0, what="the actor to continue its episodes")
         # Each break continues (or recovers the return of) every episode in progress. The envs run in lockstep
         # (fixed-length episodes), so a break that lands between two of their episodes finds none in progress.
         continued = counters.get("episodes_resumed", 0) + counters.get("episode_returns_recovered", 0)
         assert continued % ENVS == 0 and 0 < continued <= breaks * ENVS, counters
-        assert counters.get("episodes_cut", 0) == 0
         # The actor process is replaced: its episodes in progress are cut, the new actor's start afresh.
         first.stop()
         learner.break_streams()
