@@ -187,14 +187,17 @@ def main() -> int:
     if unknown := set(args.parts) - set(PART_NAMES.get(args.claim, ())):
         parser.error(f"--parts {','.join(sorted(unknown))}: claim {args.claim} has parts "
                      f"{', '.join(PART_NAMES.get(args.claim, ())) or 'none'}")
+    if args.seeds is not None and not claim.seed_minutes:
+        parser.error(f"--seeds: claim {args.claim} measures throughput and runs no seeds; leave --seeds out")
     args.seeds = args.seeds or ([0] if args.quick else list(claim.seeds))
     mode = "quick" if args.quick else "full"
     out = args.out or (ROOT / "runs" / "claims-quick" / args.claim if args.quick else ROOT / RESULTS_DIR / args.claim)
     work = ROOT / "runs" / "claims" / f"{args.claim}-{mode}"
     out.mkdir(parents=True, exist_ok=True)
     command = shlex.join(["benchmarks/claims.py", *sys.argv[1:]])
-    print(f"claim {args.claim} ({mode}): expect about {claim.quick_minutes if args.quick else claim.full_minutes} "
-          f"minutes on 2 busy cores; rows to {out / 'runs.csv'}", flush=True)
+    minutes = claim.quick_minutes if args.quick else claim.expected_minutes(len(args.seeds))
+    print(f"claim {args.claim} ({mode}): expect about {minutes:.0f} minutes on 2 busy cores; rows to "
+          f"{out / 'runs.csv'}", flush=True)
     kept = rows_kept(read_rows(out / "runs.csv"), args.parts, args.seeds)
     rows: list[dict[str, Any]] = []
     for row in RUNNERS[args.claim](args, work):

@@ -181,6 +181,25 @@ def _efficiency_rows(env: str, hts: list[float], paac: list[float], budget: int 
             for arch, values in (("hts", hts), ("paac", paac)) for seed, value in enumerate(values)]
 
 
+def test_expected_minutes_scale_with_the_seeds_a_claim_runs():
+    impact, hts, paac = claims.CLAIMS["impact"], claims.CLAIMS["hts"], claims.CLAIMS["paac"]
+    assert impact.expected_minutes(len(impact.seeds)) == impact.full_minutes
+    assert impact.expected_minutes(1) == pytest.approx(impact.full_minutes / 3, abs=1)  # six 600 s runs a seed
+    assert hts.expected_minutes(1) == pytest.approx(5 + 1.5)  # the speed part runs once whatever the seeds
+    assert paac.expected_minutes(1) == paac.full_minutes
+
+
+def test_claims_script_refuses_seeds_for_a_claim_that_runs_none():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "claims.py"), "paac", "--seeds", "1"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "--seeds: claim paac measures throughput and runs no seeds; leave --seeds out" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_improvement_verdicts_follow_the_non_inferiority_rule():
     assert claims.improvement_verdict(0.2, 0.05, 0.45) == claims.FAILS  # the CI lies below 0.5: paac is better
     assert claims.improvement_verdict(0.5, 0.3, 0.7) == claims.HOLDS  # its low end reaches the margin

@@ -66,12 +66,20 @@ class Claim:
     rule: str
     """How ``verdicts`` decides, as the page states it."""
     seeds: tuple[int, ...]
+    """The seeds of a full run; a claim whose ``seed_minutes`` is 0 runs no seeds (it measures throughput)."""
     full_minutes: int
+    """A full run's expected minutes on 2 shared cores, with its default ``seeds``."""
     quick_minutes: int
+    seed_minutes: float = 0.0
+    """The part of ``full_minutes`` that each seed takes."""
 
     @property
     def command(self) -> str:
         return f"benchmarks/claims.py {self.name}"
+
+    def expected_minutes(self, seed_count: int) -> float:
+        """A full run's expected minutes with ``seed_count`` seeds."""
+        return self.full_minutes + self.seed_minutes * (seed_count - len(self.seeds))
 
 
 def _num(value: Any) -> float:
@@ -307,17 +315,17 @@ CLAIMS: dict[str, Claim] = {claim.name: claim for claim in (
           "IMPACT's clipped target-worker ratio R3 more than R1 (target) and R2 (worker), on MinAtar Breakout",
           impact_verdicts,
           f"P(the best K > 1 scores above K = 1), P(R3 > R1), P(R3 > R2): each holds when its 95% CI lies above "
-          f"0.5, does not when below, with at least {MIN_RUNS} runs each", (0, 1, 2), 185, 3),
+          f"0.5, does not when below, with at least {MIN_RUNS} runs each", (0, 1, 2), 185, 3, seed_minutes=61.5),
     Claim("hts", "HTS-RL (Liu et al. 2020), sec. 5 and claim 1 (eq. 7)",
           "hts/a2c keeps paac/a2c's sample efficiency at equal env steps, and is faster where step times vary a "
           "lot, by about what eq. 7 predicts", hts_verdicts,
           "sample efficiency (non-inferiority; 10 seeds cannot show equality): P(hts > paac) does not hold when its "
           f"95% CI lies below 0.5, holds when its low end is at least {NON_INFERIORITY:g}, with at least {MIN_RUNS} "
           "runs each; speed-up: HTS / PAAC SPS above 1; eq. 7: the round-time error within "
-          f"{EQ7_TOLERANCE:.0%}", tuple(range(10)), 20, 4),
+          f"{EQ7_TOLERANCE:.0%}", tuple(range(10)), 20, 4, seed_minutes=1.5),
 )}
-"""Every claim, in the page's order. Minutes: expected duration on 2 shared cores (hts: 15 efficiency + 5
-speed, 2026-11-28)."""
+"""Every claim, in the page's order. Minutes: expected duration on 2 shared cores (hts: 1.5 a seed for efficiency
++ 5 for speed, 2026-11-28; impact: six 600 s runs and their start-ups a seed)."""
 
 
 def read_rows(path: Path) -> list[Row]:
