@@ -201,6 +201,51 @@ def test_merge_keeps_earlier_rows_that_a_rerun_does_not_replace(tmp_path):
     assert "1 run in 5 s on " in (tmp_path / "results.md").read_text()
 
 
+def test_rewrite_renders_the_tables_again_from_the_folder_after_an_edited_invocation(tmp_path, capsys):
+    """``--rewrite``: dropping a superseded invocation and adding a note to another shows in results.md and in
+    the markdown's section, with every row kept and nothing run; misuse is a one-line usage error."""
+    cartpole = RaceEnv("CartPole-v1", 10.0, 10_000, 200.0)
+    first = [fake_run(tmp_path / "a", f"p-s{seed}", [20.0] * 100, seed=seed) for seed in (0, 1)]
+    write_race_results(Suite("race", "first", (), race_envs=(cartpole,)), tmp_path, first, 10.0, started_unix=1e9)
+    again = [fake_run(tmp_path / "b", f"p-s{seed}", [20.0] * 100, seed=seed, startup=2.0) for seed in (0, 1)]
+    write_race_results(Suite("race", "second", (), race_envs=(cartpole,)), tmp_path, again, 8.0, merge=True,
+                       started_unix=2e9)
+    page = tmp_path / "page.md"
+    page.write_text("# Page\n\n<!-- conveyor bench --suite race: start -->\nold\n<!-- conveyor bench --suite race: "
+                    "end -->\n")
+    with open(tmp_path / race.INVOCATIONS_CSV, newline="") as f:
+        invocations = list(csv.DictReader(f))
+    assert len(invocations) == 2 and "from 2 invocations merged" in (tmp_path / "results.md").read_text()
+    invocations[1]["note"] = "the second, with a comma"
+    race_csv = (tmp_path / race.RACE_CSV).read_text()
+    with open(tmp_path / race.INVOCATIONS_CSV, "w", newline="") as f:  # the first's rows were all rerun: dropped
+        writer = csv.DictWriter(f, race.INVOCATION_FIELDS)
+        writer.writeheader()
+        writer.writerow(invocations[1])
+    assert main(["bench", "--suite", "race", "--rewrite", "--out", str(tmp_path), "--markdown", str(page)]) == 0
+    assert "rewrote the race's tables of 2 runs" in capsys.readouterr().out
+    text = (tmp_path / "results.md").read_text()
+    assert "2 runs in 8 s on " in text and "merged" not in text and "| paac/a2c | 2/2 | 52.0 s" in text
+    assert f", {invocations[1]['date']}; `{invocations[1]['command']}`;" in text  # when it ran, not today
+    assert "| paac/a2c | 2/2 | 52.0 s" in page.read_text() and "\nold\n" not in page.read_text()
+    assert (tmp_path / race.RACE_CSV).read_text() == race_csv  # the rows as they were
+    invocations[0]["note"] = "kept for the test"
+    with open(tmp_path / race.INVOCATIONS_CSV, "w", newline="") as f:
+        writer = csv.DictWriter(f, race.INVOCATION_FIELDS)
+        writer.writeheader()
+        writer.writerows(invocations)
+    assert main(["bench", "--suite", "race", "--rewrite", "--out", str(tmp_path)]) == 0
+    assert "(the second, with a comma)" in (tmp_path / "results.md").read_text()
+    capsys.readouterr()
+    for flags, named in ((["--merge"], "leave out --merge"), (["--only", "paac"], "leave out --only"),
+                         (["--out", str(tmp_path / "none")], "holds no race.csv")):
+        assert main(["bench", "--suite", "race", "--rewrite", "--out", str(tmp_path), *flags]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and named in err[0], err
+    assert main(["bench", "--suite", "quick", "--rewrite"]) == 2
+    assert "--rewrite belongs to the race suite" in capsys.readouterr().err
+
+
 def test_a_merge_into_an_invocations_csv_it_cannot_rewrite_is_refused_before_any_run(tmp_path, capsys):
     """A hand-written note with an unquoted comma once crashed a race's rewrite after its first 7-minute run and
     truncated the file; now the race refuses at once, in one line, and the file stays as it was."""

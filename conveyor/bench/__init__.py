@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from conveyor.bench.race import check_merge_target, race_suite, write_race_results
+from conveyor.bench.race import check_merge_target, race_suite, rewrite_race_results, write_race_results
 from conveyor.bench.report import (ROW_FIELDS, device_name, publish_results, row_line, update_markdown_section,
                                    write_csv, write_results)
 from conveyor.bench.suites import SUITES, Suite, learning_suite
@@ -120,6 +120,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--merge", action="store_true",
                         help="with --suite race: keep the rows of --out's race.csv that this invocation does not "
                         "rerun (same env, contender and seed), so its tables and charts cover both")
+    parser.add_argument("--rewrite", action="store_true",
+                        help="with --suite race: run nothing; write --out's summary, charts and results.md (and "
+                        "--markdown's section) again from its race.csv and invocations.csv, after editing a note "
+                        "in invocations.csv or dropping a superseded invocation from it")
     parser.add_argument("--list", action="store_true", help="print the suite's runs and exit")
     # A smoke run of the learning suite's machinery: every step budget times this (0 < X <= 1).
     parser.add_argument("--budget-scale", type=float, default=1.0, help=argparse.SUPPRESS)
@@ -158,7 +162,25 @@ def select_suite(args: argparse.Namespace) -> Suite:
                                race_envs=tuple(env for env in suite.race_envs if env.id in envs))
 
 
+def rewrite(args: argparse.Namespace) -> int:
+    """``--rewrite``: the race's tables from what ``--out`` holds, running nothing."""
+    if args.suite != "race":
+        raise ConfigError("--rewrite belongs to the race suite: use it with --suite race")
+    chosen = [flag for flag, value in (("--quick", args.quick), ("--full", args.full), ("--merge", args.merge),
+                                       ("--seeds", args.seeds), ("--only", args.only), ("--envs", args.envs),
+                                       ("--archs", args.archs), ("--device", args.device), ("--list", args.list))
+              if value]
+    if chosen:
+        raise ConfigError(f"--rewrite runs nothing and keeps every row of --out: leave out {', '.join(chosen)}")
+    out = args.out or Path("bench-results") / "race"
+    rows = rewrite_race_results(out, markdown=args.markdown)
+    print(f"rewrote the race's tables of {rows} runs in {out}" + (f" and {args.markdown}" if args.markdown else ""))
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
+    if args.rewrite:
+        return rewrite(args)
     suite = select_suite(args)
     if args.list:
         for run in suite.runs:

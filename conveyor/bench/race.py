@@ -583,9 +583,10 @@ def race_report(suite: Suite, results: Sequence[dict[str, Any]], runs: int, elap
     if len(invocations) > 1:
         provenance = (f"{_runs(runs)} on {machine}, from {len(invocations)} invocations merged with `--merge`: "
                       + "; ".join(invocation_text(invocation) for invocation in invocations) + ".")
-    else:
-        provenance = (f"{_runs(runs)} in {elapsed_s:.0f} s on {machine}, {time.strftime('%Y-%m-%d')}; `{command}`; "
-                      f"load average {load}.")
+    else:  # the invocation's own date and command where known (a --rewrite runs later, from another command)
+        date, command = ((invocations[0]["date"], invocations[0]["command"]) if invocations
+                         else (time.strftime("%Y-%m-%d"), command))
+        provenance = f"{_runs(runs)} in {elapsed_s:.0f} s on {machine}, {date}; `{command}`; load average {load}."
     lines = [
         f"Suite `{suite.name}`: {suite.description}.", "",
         provenance, "",
@@ -658,7 +659,7 @@ def write_race_results(suite: Suite, out: Path, rows: list[dict[str, Any]], elap
     race section). ``merge``: with the rows of ``out``'s earlier ``race.csv`` that ``rows`` do not rerun
     (``merged_rows``) and its earlier invocations. ``started_unix``: when this invocation started (None: now less
     ``elapsed_s``); a rewrite by the same invocation replaces its row."""
-    from conveyor.bench.report import update_markdown_section, write_csv
+    from conveyor.bench.report import write_csv
 
     goals = {env.id: env.goal() for env in suite.race_envs}
     settings = _settings(suite)
@@ -678,6 +679,33 @@ def write_race_results(suite: Suite, out: Path, rows: list[dict[str, Any]], elap
         invocations[:0] = earlier
     write_csv(out / RACE_CSV, raced, RACE_FIELDS)
     write_csv(out / INVOCATIONS_CSV, invocations, INVOCATION_FIELDS)
+    publish_race(suite, out, raced, invocations, settings, elapsed_s, load, markdown)
+
+
+def rewrite_race_results(out: Path, markdown: Path | None = None) -> int:
+    """``out``'s summary, charts and ``results.md`` (and ``markdown``'s race section) written again from its
+    ``race.csv`` and ``invocations.csv``, running nothing: after a note in ``invocations.csv`` was edited or a
+    superseded invocation dropped from it. Returns how many rows the tables hold."""
+    if not (out / RACE_CSV).is_file():
+        raise ConfigError(f"{out} holds no {RACE_CSV} to rewrite from: pass the --out of an earlier race")
+    invocations = read_invocations(out / INVOCATIONS_CSV)
+    commands = [invocation["command"] for invocation in invocations]
+    name = ("race-full" if any("--full" in command for command in commands) else
+            "race-quick" if commands and all("--quick" in command for command in commands) else "race")
+    suite, raced, _ = merged_rows(out, Suite(name, "", ()), [])
+    if invocations and sum(int(invocation["runs"]) for invocation in invocations) < len(raced):
+        raise ConfigError(f"{out / INVOCATIONS_CSV} accounts for fewer runs than {out / RACE_CSV} holds "
+                          f"({len(raced)}): restore the invocation whose rows those are, or note them in one")
+    last = invocations[-1] if invocations else {"elapsed_s": "", "load": ""}
+    publish_race(suite, out, raced, invocations, {}, float(last["elapsed_s"] or 0.0), last["load"], markdown)
+    return len(raced)
+
+
+def publish_race(suite: Suite, out: Path, raced: list[dict[str, Any]], invocations: list[dict[str, Any]],
+                 settings: dict[tuple[str, str], str], elapsed_s: float, load: str, markdown: Path | None) -> None:
+    """``race_summary.csv``, the charts and ``results.md`` (and ``markdown``'s race section) of ``raced``."""
+    from conveyor.bench.report import update_markdown_section, write_csv
+
     results = summarize(raced, settings)
     write_csv(out / SUMMARY_CSV, results, SUMMARY_FIELDS)
     plots = [path for env in suite.race_envs
