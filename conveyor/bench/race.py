@@ -399,10 +399,12 @@ def _settings(suite: Suite) -> dict[tuple[str, str], str]:
     return settings
 
 
-def _time(value: float | None, cap: float, digits: int = 1) -> str:
+def _time(value: float | None, digits: int = 1) -> str:
+    """A time to threshold; a seed that did not reach has none: a cap, or its recipe's own budget, stopped it
+    first (the at-stop column says where), so no time bound follows from it."""
     if value is None:
         return "-"
-    return f"> {cap:,.0f} s" if math.isinf(value) else f"{value:,.{digits}f} s"
+    return "not reached" if math.isinf(value) else f"{value:,.{digits}f} s"
 
 
 def _steps(value: float | None) -> str:
@@ -423,18 +425,14 @@ def race_table(env: RaceEnv, results: Sequence[dict[str, Any]]) -> list[str]:
              "| start-up | machine speed | at stop: env steps, last-100 return | settings |",
              "|---|---:|---:|---:|---:|---:|---:|---|"]
     for result in rank:
-        cap_t = result["cap_time_s"]
         if not result["seeds_ok"]:
             status = result["notes"] or "no runs"
             lines.append(f"| {result['contender']} | - | {_cell(status, 160)} | - | - | - | - "
                          f"| {_cell(result['settings'])} |")
             continue
-        median = result["time_median_s"]
-        time_text = _time(median, cap_t)
-        if median is not None and math.isinf(median):
-            time_text = f"not reached ({time_text})"
-        if result["seeds_ok"] > 1:
-            time_text += f" ({_time(result['time_min_s'], cap_t)} - {_time(result['time_max_s'], cap_t)})"
+        time_text = _time(result["time_median_s"])
+        if result["seeds_ok"] > 1 and result["seeds_reached"]:
+            time_text += f" ({_time(result['time_min_s'])} - {_time(result['time_max_s'])})"
         steps_text = _steps(result["steps_median"])
         if result["seeds_ok"] > 1 and result["seeds_reached"]:
             steps_text += f" ({_steps(result['steps_min'])} - {_steps(result['steps_max'])})"
@@ -594,7 +592,8 @@ def race_report(suite: Suite, results: Sequence[dict[str, Any]], runs: int, elap
         f"count) to the end of the first episode at which the mean return of the last {WINDOW} training episodes "
         "reached the threshold, within the caps (time and env steps); every contender stops there. Median over "
         "seeds (a seed that did not reach counts as infinitely slow: `not reached` unless over half did), "
-        "min-max in brackets; `>` marks a cap. Start-up: from spawn to the start of the run's own clock, after "
+        "min-max in brackets where any seed reached (a seed that did not: `not reached`, with no time bound: a cap "
+        "or its recipe's budget stopped it, and the at-stop column says where). Start-up: from spawn to the start of the run's own clock, after "
         "its imports (median). Machine speed: how fast the shared machine was just before the run (a fixed "
         "training step on one torch thread, per second, `conveyor/bench/machine_speed.py`; median; `-` for runs from "
         "before it was recorded). At stop: where the run was when it stopped (threshold, a cap, or its recipe's own "
