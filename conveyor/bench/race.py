@@ -329,7 +329,8 @@ RACE_FIELDS = ("env", "contender", "framework", "seed", "status", "error", "thre
                "settings", "machine_speed", "run_dir")
 SUMMARY_FIELDS = ("env", "contender", "framework", "settings", "seeds", "seeds_ok", "seeds_reached", "threshold",
                   "cap_time_s", "cap_steps", "time_median_s", "time_min_s", "time_max_s", "steps_median",
-                  "steps_min", "steps_max", "startup_median_s", "stop_steps_median", "return_median_last100",
+                  "steps_min", "steps_max", "startup_median_s", "stop_steps_median", "stop_time_median_s",
+                  "return_median_last100",
                   "machine_speed_median", "machine_speed_min", "machine_speed_max", "machine_speed_runs", "notes")
 
 
@@ -365,6 +366,8 @@ def summarize(rows: Sequence[dict[str, Any]], settings: dict[tuple[str, str], st
         startups = [row["startup_s"] for row in ok if row["startup_s"] is not None]
         finals = [row["return_mean_last100"] for row in ok if _finite(row["return_mean_last100"])]
         stop_steps = [row["env_steps"] for row in ok if _finite(row["env_steps"])]
+        stop_times = [float(row["startup_s"] or 0.0) + float(row["run_wall_time_s"]) for row in ok
+                      if _finite(row.get("run_wall_time_s"))]
         speeds = [row["machine_speed"] for row in ok if _finite(row.get("machine_speed"))]
         notes = sorted({f"{row['status']}: {row['error']}" for row in group if row["status"] != "ok"})
         first = group[0]
@@ -377,6 +380,7 @@ def summarize(rows: Sequence[dict[str, Any]], settings: dict[tuple[str, str], st
             "steps_median": steps and steps[0], "steps_min": steps and steps[1], "steps_max": steps and steps[2],
             "startup_median_s": float(np.median(startups)) if startups else None,
             "stop_steps_median": float(np.median(stop_steps)) if stop_steps else None,
+            "stop_time_median_s": float(np.median(stop_times)) if stop_times else None,
             "return_median_last100": float(np.median(finals)) if finals else None,
             "machine_speed_median": float(np.median(speeds)) if speeds else None,
             "machine_speed_min": min(speeds, default=None), "machine_speed_max": max(speeds, default=None),
@@ -472,7 +476,8 @@ def speed_note(results: Sequence[dict[str, Any]]) -> str:
 
 def plot_race(env: RaceEnv, results: Sequence[dict[str, Any]], out_dir: Path) -> Path | None:
     """``race_<env>.png``: per contender that ran, the median time to threshold as a bar on a log scale with
-    min-max whiskers; a median that did not reach is drawn as the cap, hatched, and labelled so."""
+    min-max whiskers; a median that did not reach is drawn hatched to where its runs stopped (a cap or the
+    recipe's budget, in seconds from spawn: median), and labelled so."""
     from conveyor.plots import _pyplot, _save, file_safe
 
     ran = [result for result in results if result["seeds_ok"]]
@@ -486,7 +491,8 @@ def plot_race(env: RaceEnv, results: Sequence[dict[str, Any]], out_dir: Path) ->
     for y, result in enumerate(ran):
         median, low, high = result["time_median_s"], result["time_min_s"], result["time_max_s"]
         capped = math.isinf(median)
-        width = (cap if capped else median) - floor
+        stopped = min(result.get("stop_time_median_s") or cap, cap)
+        width = (stopped if capped else median) - floor
         colour = {"conveyor": "tab:blue"}.get(result["framework"], "tab:orange")
         ax.barh(y, width, left=floor, color="white" if capped else colour, edgecolor=colour,
                 hatch="///" if capped else None, linewidth=1.2)
@@ -494,9 +500,11 @@ def plot_race(env: RaceEnv, results: Sequence[dict[str, Any]], out_dir: Path) ->
             ax.plot([low, min(high, cap)], [y, y], color="black", linewidth=1, marker="|", markersize=6)
             if math.isinf(high):
                 ax.plot([cap], [y], marker=">", color="black", markersize=5)
-        text = (f"not reached within {cap:,.0f} s ({result['seeds_reached']}/{result['seeds_ok']})" if capped
-                else f"{median:,.1f} s ({result['seeds_reached']}/{result['seeds_ok']})")
-        right = cap if capped or math.isinf(high) else max(median, high)  # right of the bar and its whisker
+        counts = f"({result['seeds_reached']}/{result['seeds_ok']})"
+        at_stop = f"{result['stop_steps_median'] / 1e6:.2g}M steps, " if result["stop_steps_median"] else ""
+        text = (f"not reached {counts}\nstopped at {at_stop}{stopped:,.0f} s" if capped
+                else f"{median:,.1f} s {counts}")
+        right = stopped if capped else cap if math.isinf(high) else max(median, high)  # right of bar and whisker
         ax.text(right * 1.12, y, text, va="center", fontsize=7)
     ax.set_xscale("log")
     ax.set_xlim(floor, cap * 6)
