@@ -131,7 +131,8 @@ def test_report_table_chart_and_csvs(tmp_path):
         summary = list(csv.DictReader(f))
     assert [row["contender"] for row in summary] == ["paac/a2c", "sb3/dqn", "cleanrl/ppo"]
     # sb3/dqn stopped without reaching: its 300 episodes of 0.5 s after a 4 s start-up, from spawn (the chart's bar)
-    assert float(summary[1]["stop_time_median_s"]) == pytest.approx(154.0) and summary[1]["stop_steps_median"] == "3000.0"
+    assert float(summary[1]["stop_time_median_s"]) == pytest.approx(154.0)
+    assert summary[1]["stop_steps_median"] == "3000.0"
     published = markdown.read_text()
     assert published.startswith("# Benchmarks\n\nOther sections.\n")
     assert "<!-- conveyor bench --suite race: start -->" in published and "(./race_CartPole-v1.png)" in published
