@@ -434,11 +434,9 @@ def race_table(env: RaceEnv, results: Sequence[dict[str, Any]]) -> list[str]:
             lines.append(f"| {result['contender']} | - | {_cell(status, 160)} | - | - | - | - "
                          f"| {_cell(result['settings'])} |")
             continue
-        time_text = _time(result["time_median_s"])
-        if result["seeds_ok"] > 1 and result["seeds_reached"]:
+        time_text, steps_text = _time(result["time_median_s"]), _steps(result["steps_median"])
+        if result["seeds_ok"] > 1 and result["seeds_reached"]:  # a spread only where some seed reached
             time_text += f" ({_time(result['time_min_s'])} - {_time(result['time_max_s'])})"
-        steps_text = _steps(result["steps_median"])
-        if result["seeds_ok"] > 1 and result["seeds_reached"]:
             steps_text += f" ({_steps(result['steps_min'])} - {_steps(result['steps_max'])})"
         reached = f"{result['seeds_reached']}/{result['seeds_ok']}"
         if result["notes"]:
