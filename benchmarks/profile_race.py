@@ -7,9 +7,16 @@ The report, a small text file, has:
 
 - the run's own time split from its ``metrics.csv`` (env / act / learn / wait seconds, env steps, SPS);
 - each process's share of the samples (the learner's main process, each env worker);
-- the functions with the most samples of their own ("self") and in their call trees ("total"), per process kind.
+- the functions with the most samples of their own ("self") and in their call trees ("total"), per process kind;
+- the architecture's loop line by line: the main process's samples by the line of
+  ``conveyor/architectures/<arch>/run.py`` they pass through and the function called there, which shows the
+  work between the time split's timed blocks (storage writes, telemetry) beside the timed calls.
 
     .venv/bin/python benchmarks/profile_race.py --arch paac --algo a2c --env MinAtar/SpaceInvaders-v1 --seconds 60
+    .venv/bin/python benchmarks/profile_race.py --arch paac --algo a2c --env CartPole-v1 --seconds 20 \
+        -- --num-envs 16 --lr 7e-4 --no-normalize-reward
+
+Flags after ``--`` go to ``conveyor train`` as they are (the default report's name then ends with them).
 
 ``make bench-deps`` installs py-spy. The report goes to ``--out`` (default
 ``benchmarks/results/profiles/<arch>-<algo>-<env>.txt``).
@@ -103,6 +110,28 @@ def summarize(stacks: list[tuple[int, int, list[str], int]], rows: int) -> list[
     return lines
 
 
+def loop_lines(stacks: list[tuple[int, int, list[str], int]], arch: str, rows: int) -> list[str]:
+    """The main process's samples by the line of ``architectures/<arch>/run.py``'s ``run`` they pass through and
+    the function called from it (``(the line itself)`` where the line's own code ran), as % of the samples in the
+    loop; the main process is the one py-spy started (``root == pid``)."""
+    where = f"architectures/{arch}/run.py:"
+    lines: collections.Counter[str] = collections.Counter()
+    for root, pid, frames, count in stacks:
+        if root != pid:
+            continue
+        at = next((i for i, frame in enumerate(frames) if frame.startswith("run (") and where in frame), None)
+        if at is None:
+            continue
+        line = frames[at].rsplit(":", 1)[1].rstrip(")")
+        callee = short(frames[at + 1]) if at + 1 < len(frames) else "(the line itself)"
+        lines[f"line {line}: {callee}"] += count
+    total = sum(lines.values())
+    if not total:
+        return []
+    return ["", f"the loop (architectures/{arch}/run.py) by line and the function it calls, % of its {total} samples:",
+            *(f"  {count / total:6.1%}  {name}" for name, count in lines.most_common(rows))]
+
+
 def time_split(run_dir: Path) -> list[str]:
     """The run's last metrics row: env steps, wall time, SPS and the time split."""
     with (run_dir / "metrics.csv").open() as handle:
@@ -111,9 +140,11 @@ def time_split(run_dir: Path) -> list[str]:
         return ["the run wrote no metrics row"]
     last = rows[-1]
     split = ", ".join(f"{name[5:]} {float(last[name]):.1f} s" for name in TIME_COLUMNS if last.get(name))
-    return [f"run: {int(float(last['env_steps'])):,} env steps in {float(last['wall_time_s']):.1f} s "
+    wall, timed = float(last["wall_time_s"]), sum(float(last[name]) for name in TIME_COLUMNS if last.get(name))
+    return [f"run: {int(float(last['env_steps'])):,} env steps in {wall:.1f} s "
             f"({float(last['sps']):,.0f} SPS at the last log), last-100 return {last['return_mean_last100']}",
-            f"time split (the run's own telemetry, wall-clock): {split}"]
+            f"time split (the run's own telemetry, wall-clock): {split}; outside it {wall - timed:.1f} s "
+            f"({(wall - timed) / wall:.0%}: start-up and the loop's untimed work)"]
 
 
 def main() -> int:
@@ -125,15 +156,17 @@ def main() -> int:
     parser.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
     parser.add_argument("--rows", type=int, default=15, help="functions listed per table")
     parser.add_argument("--out", type=Path, help="the report (default benchmarks/results/profiles/...)")
+    parser.add_argument("train_flags", nargs="*", help="after --: more flags for conveyor train")
     args = parser.parse_args()
     py_spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
     if py_spy is None:
         print("profile_race: py-spy is not installed (make bench-deps)", file=sys.stderr)
         return 2
-    name = f"{args.arch}-{args.algo}-{args.env.replace('/', '_')}"
+    name = "-".join([args.arch, args.algo, args.env.replace("/", "_"),
+                     *(re.sub(r"[^A-Za-z0-9.-]+", "", flag).lstrip("-") for flag in args.train_flags)])
     out = args.out or ROOT / "benchmarks" / "results" / "profiles" / f"{name}.txt"
     train = ["conveyor", "train", "--arch", args.arch, "--algo", args.algo, "--env", args.env,
-             "--time-limit-s", str(args.seconds), "--no-progress"]
+             "--time-limit-s", str(args.seconds), "--no-progress", *args.train_flags]
     with tempfile.TemporaryDirectory() as tmp:
         run_dir, raw = Path(tmp) / "run", Path(tmp) / "profile.raw"
         command = [py_spy, "record", "--format", "raw", "--output", str(raw), "--rate", str(args.rate),
@@ -150,9 +183,8 @@ def main() -> int:
               f"date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; machine: "
               f"{os.cpu_count()} CPUs, {platform.machine()}, Python {platform.python_version()}; "
               f"load average at the end: {' / '.join(f'{x:.1f}' for x in os.getloadavg())}",
-              f"command: .venv/bin/python benchmarks/profile_race.py --arch {args.arch} --algo {args.algo} "
-              f"--env {args.env} --seconds {args.seconds:g}", *split, ""]
-    report = "\n".join(header + summarize(stacks, args.rows)) + "\n"
+              f"command: .venv/bin/python benchmarks/profile_race.py {' '.join(sys.argv[1:])}", *split, ""]
+    report = "\n".join(header + summarize(stacks, args.rows) + loop_lines(stacks, args.arch, args.rows)) + "\n"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(report)
     print(report, end="")

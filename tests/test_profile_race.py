@@ -43,6 +43,24 @@ def test_stacks_are_counted_by_process_self_and_call_tree():
     assert "80.0%  step (minatar/environment.py)" in lines  # the worker's own table
 
 
+def test_the_loop_is_counted_by_line_and_callee_in_the_main_process_only():
+    profile = load_benchmark_script("profile_race")
+    loop = "<module> (conveyor/__main__.py:3);run (conveyor/architectures/paac/run.py"
+    raw = "\n".join([
+        f"{MAIN};{loop}:147);update (conveyor/learner.py:177);backward (torch/_tensor.py:623) 6",
+        f"{MAIN};{loop}:147);update (conveyor/learner.py:178) 2",
+        f"{MAIN};{loop}:124);insert (conveyor/storage/rollout.py:54) 1",
+        f"{MAIN};{loop}:130) 1",
+        f"{MAIN};<module> (conveyor/__main__.py:3);_find_and_load (<frozen importlib._bootstrap>:1176) 5",
+        f"{WORKER};{loop}:147);update (conveyor/learner.py:177) 9",  # not the main process: left out
+    ])
+    lines = [line.strip() for line in profile.loop_lines(profile.parse_raw(raw), "paac", rows=5)]
+    assert lines[1] == "the loop (architectures/paac/run.py) by line and the function it calls, % of its 10 samples:"
+    assert lines[2:] == ["80.0%  line 147: update (conveyor/learner.py)",
+                         "10.0%  line 124: insert (storage/rollout.py)", "10.0%  line 130: (the line itself)"]
+    assert profile.loop_lines(profile.parse_raw(raw), "seed", rows=5) == []
+
+
 def test_a_stack_without_its_process_frame_is_refused():
     profile = load_benchmark_script("profile_race")
     with pytest.raises(ValueError, match="--subprocesses"):
@@ -60,3 +78,4 @@ def test_a_short_cartpole_run_is_profiled_with_its_time_split(tmp_path):
     text = out.read_text()
     assert "time split (the run's own telemetry, wall-clock): env" in text
     assert " main\n" in text and "main: functions by self samples" in text
+    assert "the loop (architectures/paac/run.py) by line" in text and "outside it" in text
