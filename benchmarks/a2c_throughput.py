@@ -211,20 +211,20 @@ def main() -> None:
             sps[name].append(float(result.stdout.strip().splitlines()[-1]))
             print(f"repeat {repeat}: {name} {sps[name][-1]:,.0f} SPS", flush=True)
     median = {name: statistics.median(values) for name, values in sps.items()}
-    others = [name for name in contenders if name != "conveyor"]
+    paired = {name: paired_ratio(sps["conveyor"], sps[name]) for name in contenders if name != "conveyor"}
     result = {
         "date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{platform.node()}, {os.cpu_count()} cpus",
         "load_at_end": round(os.getloadavg()[0], 1), "command": " ".join(["benchmarks/a2c_throughput.py",
                                                                           *sys.argv[1:]]),
         "env": args.env, "steps": args.steps, "sps": sps, "median_sps": median,
-        **{f"conveyor_over_{name.replace('-', '_')}": paired_ratio(sps["conveyor"], sps[name]) for name in others},
-        "ratio_of_medians": {name: round(median["conveyor"] / median[name], 2) for name in others},
+        **{f"conveyor_over_{name.replace('-', '_')}": ratio for name, ratio in paired.items()},
+        "ratio_of_medians": {name: round(median["conveyor"] / median[name], 2) for name in paired},
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"| {args.env} | " + " | ".join(contenders) + " |\n|---|" + "---|" * len(contenders))
     print(f"| SPS (median of {args.repeats}) | " + " | ".join(f"{median[name]:,.0f}" for name in contenders) + " |")
-    print(", ".join(f"conveyor / {name} {result['conveyor_over_' + name.replace('-', '_')]}x" for name in others)
+    print(", ".join(f"conveyor / {name} {ratio}x" for name, ratio in paired.items())
           + f" (medians of each repeat's ratios); wrote {out}")
 
 
