@@ -17,6 +17,7 @@ each one started from.
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Iterator, NamedTuple
 
 import numpy as np
@@ -75,7 +76,8 @@ class GsdeNoise:
     and variance ``phi(s)^2 @ sigma^2``, the distribution whose log-prob the model's ``params`` give.
 
     ``actions(model, params, features, envs)`` counts a step of each env in ``envs``; HTS passes the step
-    indices itself (``steps``). ``steps_state``/``load_steps`` keep the counts in a checkpoint.
+    indices itself (``steps``). ``steps_state``/``load_steps`` keep the counts in a checkpoint. Threads may
+    act for disjoint envs at once (HTS's actors): the tables grow and the counts move under a lock.
     """
 
     def __init__(self, seed: int | tuple[int, ...], interval: int) -> None:
@@ -84,10 +86,16 @@ class GsdeNoise:
         self._steps: dict[int, int] = {}  # env -> steps counted
         self._drawn_k = np.zeros(0, np.int64)  # [envs seen]: the k of each env's matrix in _normals, -1: none yet
         self._normals = torch.zeros(0)  # [envs seen, F, A]
+        self._lock = threading.Lock()
 
     def unit_normals(self, envs: np.ndarray, steps: np.ndarray, shape: tuple[int, int]) -> Tensor:
         """The unit normals ``[B, F, A]`` that env ``envs[i]`` acts with at its step ``steps[i]``."""
         envs, k = np.asarray(envs, np.int64), np.asarray(steps, np.int64) // self.interval
+        with self._lock:
+            return self._unit_normals(envs, k, shape)
+
+    def _unit_normals(self, envs: np.ndarray, k: np.ndarray, shape: tuple[int, int]) -> Tensor:
+        """``unit_normals`` of the matrix indices ``k``; the caller holds the lock."""
         if len(envs) and envs.max() >= len(self._drawn_k):  # room for the new env indices
             size = int(envs.max()) + 1
             normals = torch.zeros(size, *shape)
@@ -109,9 +117,10 @@ class GsdeNoise:
         count kept here, advanced by one)."""
         envs = np.asarray(envs, dtype=np.int64).reshape(-1)
         if steps is None:
-            steps = np.array([self._steps.get(env, 0) for env in envs.tolist()], dtype=np.int64)
-            for env, step in zip(envs.tolist(), steps.tolist()):
-                self._steps[env] = step + 1
+            with self._lock:
+                steps = np.array([self._steps.get(env, 0) for env in envs.tolist()], dtype=np.int64)
+                for env, step in zip(envs.tolist(), steps.tolist()):
+                    self._steps[env] = step + 1
         sigma = model.log_std.detach().exp()
         noise = to_device(self.unit_normals(envs, steps, tuple(sigma.shape)), sigma.device) * sigma
         # elementwise product and sum, not a batched matmul: a row's numbers do not depend on the batch

@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import sys
+import threading
 
 import gymnasium as gym
 import numpy as np
@@ -221,3 +223,35 @@ def test_seed_vtrace_learns_pendulum_with_default_flags(tmp_path):
         if returns[-1] >= -450:
             break
     assert returns[-1] >= -450, returns
+
+
+def test_threads_acting_for_disjoint_envs_get_each_envs_own_noise():
+    """HTS's actor threads call one ``GsdeNoise`` at once for disjoint envs; the first calls grow its tables.
+    A thread switch every microsecond lands inside that growth, where an unguarded table lost draws."""
+    threads, envs_each, rounds = 4, 3, 40
+    shape = (5, 2)
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for attempt in range(rounds):
+            noise = GsdeNoise(attempt, interval=2)
+            start = threading.Barrier(threads)
+            got: dict[int, torch.Tensor] = {}
+
+            def act(first: int) -> None:
+                envs = np.arange(first, first + envs_each)
+                start.wait()
+                for step in range(4):  # two matrices per env
+                    got[first, step] = noise.unit_normals(envs, np.full(envs_each, step), shape)
+
+            workers = [threading.Thread(target=act, args=(i * envs_each,)) for i in range(threads)]
+            for worker in workers:
+                worker.start()
+            for worker in workers:
+                worker.join()
+            for (first, step), normals in got.items():
+                for row, env in enumerate(range(first, first + envs_each)):
+                    want = np.random.default_rng((attempt, env, step // 2)).standard_normal(shape, dtype=np.float32)
+                    assert torch.equal(normals[row], torch.from_numpy(want)), (attempt, env, step)
+    finally:
+        sys.setswitchinterval(switch)
