@@ -172,7 +172,10 @@ class Telemetry:
         if isinstance(policy_versions, torch.Tensor):
             policy_versions = policy_versions.cpu().numpy()
         lags = learner_version - np.asarray(policy_versions).reshape(-1)
-        values, counts = np.unique(lags, return_counts=True)
+        if len(lags) and lags.min() == lags.max():  # one version acted (a synchronous rollout): no sort
+            values, counts = lags[:1], np.array([len(lags)])
+        else:
+            values, counts = np.unique(lags, return_counts=True)
         with self._lock:
             for lag, count in zip(values.tolist(), counts.tolist()):
                 self.lag_histogram[int(lag)] += int(count)

@@ -50,8 +50,16 @@ def to_device(data: np.ndarray | Tensor, device: torch.device | str, dtype: torc
     waiting for it. Otherwise ``torch.as_tensor(data, dtype).to(device)``, which shares ``data``'s memory where it
     can (a numpy array of the dtype, on the CPU).
     """
-    tensor = torch.as_tensor(data, dtype=dtype)
-    if torch.device(device).type != "cuda" or tensor.device.type != "cpu":
+    # A CPU loop calls this several times a step, where as_tensor and ``.to``'s dispatch cost 4 us of numpy's
+    # 16 floats, from_numpy 0.6 us.
+    if dtype is None and type(data) is np.ndarray and data.flags.writeable and data.dtype.isnative:
+        tensor = torch.from_numpy(data)
+    else:
+        tensor = torch.as_tensor(data, dtype=dtype)
+    kind = device.type if isinstance(device, torch.device) else torch.device(device).type
+    if kind == "cpu" and tensor.device.type == "cpu":
+        return tensor
+    if kind != "cuda" or tensor.device.type != "cpu":
         return tensor.to(device)
     staged = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
     np.copyto(staged.numpy(), tensor.numpy())

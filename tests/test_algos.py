@@ -125,6 +125,29 @@ def test_a2c_without_a_mask_equals_a2c_with_an_all_true_mask_to_the_bit():
         assert torch.equal(grad, masked_grad)
 
 
+@pytest.mark.parametrize("algo", ["a2c", "ppo", "vtrace", "impact"])
+def test_entropy_at_coefficient_zero_is_a_metric_and_the_loss_is_the_rest(algo):
+    """``term_graph``: at ``entropy_coef`` 0 the entropy is reported, not backpropagated; the loss and gradients
+    are those of coefficient 1 plus the entropy term's own."""
+    model, batch = make_case(algo)
+    grads, results = [], []
+    for coef in (0.0, 1.0, None):  # None: the mean entropy alone
+        model.zero_grad()
+        out = model(batch["obs"])
+        if coef is None:
+            loss = out.time_slice(0, T).entropy().mean()
+        else:
+            loss, metrics = make_loss(run_cfg(algo, entropy_coef=coef))(out, batch)
+            results.append((loss.detach(), metrics))
+        loss.backward()
+        grads.append([torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in model.parameters()])
+    (loss0, metrics0), (loss1, metrics1) = results
+    assert torch.equal(metrics0["entropy"], metrics1["entropy"]) and metrics0["entropy"] > 0
+    assert loss0.item() == pytest.approx((loss1 + metrics1["entropy"]).item(), rel=1e-6)
+    for at_zero, at_one, entropy in zip(*grads):
+        torch.testing.assert_close(at_zero, at_one + entropy, rtol=1e-5, atol=1e-6)
+
+
 def test_ppo_on_policy_first_epoch_has_unit_ratio():
     model, batch = make_case("ppo")
     out = model(batch["obs"])

@@ -227,3 +227,10 @@ def test_to_device_on_the_cpu_is_as_tensor():
     assert as_is[0].item() == 7.0 and as_is.dtype == torch.float32
     converted = to_device(np.array([True, False]), torch.device("cpu"), torch.float32)
     assert converted.tolist() == [1.0, 0.0]
+    # what from_numpy would warn about or refuse goes through as_tensor: read-only arrays, lists
+    frozen = np.arange(3.0)
+    frozen.flags.writeable = False
+    assert to_device(frozen, "cpu").tolist() == [0.0, 1.0, 2.0]
+    assert to_device([1, 2], "cpu").dtype == torch.int64
+    tensor = torch.ones(2)
+    assert to_device(tensor, "cpu") is tensor

@@ -83,6 +83,27 @@ def test_drop_step_masks_the_lost_step_and_bootstraps_the_steps_before_from_its_
     assert storage.valid.all()  # the next rollout's step 2 is valid again
 
 
+def test_host_memory_writes_equal_torchs_and_land_in_the_fields():
+    """A CPU storage writes through numpy views of its fields; one whose obs dtype numpy lacks (bfloat16) writes
+    with torch. Both hold the same values, for whole steps and for env groups, with tensor and int versions."""
+    storages = [rollout(2, 4, (2,)), rollout(2, 4, (2,), torch.bfloat16)]
+    assert storages[0]._host is not None and storages[1]._host is None
+    for storage in storages:
+        storage.drop_step(1, torch.tensor([True, False, False, False]))
+        storage.insert(0, torch.arange(8.0).view(4, 2), torch.tensor([1, 0, 1, 0]), torch.full((4,), -0.5),
+                       torch.arange(4.0), torch.ones(4), torch.full((4,), 0.9), 3)
+        for first, version in ((0, 4), (2, torch.tensor([5, 6]))):  # env groups write their columns
+            columns = slice(first, first + 2)
+            storage.insert(1, torch.full((2, 2), float(first)), torch.tensor([0, 1]), torch.zeros(2),
+                           torch.ones(2), torch.zeros(2), torch.ones(2), version, envs=columns)
+    host, reference = (storage.batch() for storage in storages)
+    assert set(host) == set(reference) and "valid" not in host  # the dropped step was written again
+    for name, value in host.items():  # the bootstrap row was not written: markers on both
+        torch.testing.assert_close(value, reference[name].to(value.dtype), rtol=0, atol=0, equal_nan=True)
+    assert host["policy_version"].tolist() == [[3, 3, 3, 3], [4, 4, 5, 6]]
+    assert host["obs"][1, :, 0].tolist() == [0, 0, 2, 2] and host["rewards"][0].tolist() == [1, 1, 1, 1]
+
+
 def test_unwrite_puts_the_markers_back_in_the_given_columns():
     storage = rollout(2, 3, (1,))
     for step in range(2):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import Callable
 
+import torch
 from torch import Tensor
 
 from conveyor.config import ALGOS, RunCfg
@@ -21,7 +22,8 @@ from conveyor.models.heads import ModelOut
 
 LossFn = Callable[[ModelOut, dict[str, Tensor]], tuple[Tensor, dict[str, Tensor]]]
 
-__all__ = ["DISCRETE_ONLY", "LossFn", "actor_critic_total", "batch_series", "make_loss", "rollout_length"]
+__all__ = ["DISCRETE_ONLY", "LossFn", "actor_critic_total", "batch_series", "make_loss", "rollout_length",
+           "term_graph"]
 
 DISCRETE_ONLY = ("ga3c", "r2d2")
 """Algorithms whose losses need action probabilities or action values: refused for continuous actions."""
@@ -56,6 +58,15 @@ def actor_critic_total(policy: Tensor, value: Tensor, entropy: Tensor, value_coe
     """The tail every actor-critic loss shares: ``loss = policy + value_coef * value - entropy_coef * entropy``
     (``entropy`` is the mean entropy, a bonus), and the metrics ``loss``, ``policy_loss``, ``value_loss``,
     ``entropy`` plus ``extra``, all detached."""
-    loss = policy + value_coef * value - entropy_coef * entropy
+    loss = policy + value_coef * value
+    if entropy_coef:  # else the entropy is a metric only (``term_graph``)
+        loss = loss - entropy_coef * entropy
     metrics = {"loss": loss, "policy_loss": policy, "value_loss": value, "entropy": entropy, **extra}
     return loss, {name: m.detach() for name, m in metrics.items()}
+
+
+def term_graph(coef: float) -> torch.set_grad_enabled:
+    """``with term_graph(coef):`` around a loss term that ``coef`` weighs: without an autograd graph when ``coef``
+    is 0. The term is then a metric only, and backpropagating it would add zeros to every gradient: a dozen ops
+    of a small model's update (CartPole's entropy, with the a2c preset's coefficient 0)."""
+    return torch.set_grad_enabled(torch.is_grad_enabled() and coef != 0)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from conveyor.algos import LossFn, actor_critic_total, batch_series, rollout_length
+from conveyor.algos import LossFn, actor_critic_total, batch_series, rollout_length, term_graph
 from conveyor.config import RunCfg
 from conveyor.losses import masked_mean, policy_gradient_loss, value_loss
 from conveyor.models.heads import ModelOut
@@ -29,8 +29,9 @@ def make_loss(cfg: RunCfg) -> LossFn:
         valid = batch.get("valid")
         policy = policy_gradient_loss(acting.log_prob(batch["actions"]), advantages, valid)
         value = value_loss(values[:T], returns, valid)
-        entropy = masked_mean(acting.entropy(), valid)
+        with term_graph(algo.entropy_coef):
+            entropy = masked_mean(acting.entropy(), valid)
         return actor_critic_total(policy, value, entropy, algo.value_coef, algo.entropy_coef,
-                                  advantage_mean=masked_mean(advantages, valid))
+                                  advantage_mean=masked_mean(advantages.detach(), valid))
 
     return loss_fn

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from conveyor.algos import LossFn, actor_critic_total, batch_series, rollout_length
+from conveyor.algos import LossFn, actor_critic_total, batch_series, rollout_length, term_graph
 from conveyor.config import RunCfg
 from conveyor.losses import ga3c_entropy, ga3c_policy_loss, value_loss
 from conveyor.models.heads import ModelOut
@@ -31,7 +31,8 @@ def make_loss(cfg: RunCfg) -> LossFn:
         probs = model_out.policy.probs(model_out.params[:T])
         policy = ga3c_policy_loss(probs, batch["actions"], advantages, algo.ga3c_eps)
         value = value_loss(values[:T], returns)
-        entropy = ga3c_entropy(probs, algo.ga3c_eps).mean()
+        with term_graph(algo.entropy_coef):
+            entropy = ga3c_entropy(probs, algo.ga3c_eps).mean()
         return actor_critic_total(policy, value, entropy, algo.value_coef, algo.entropy_coef,
                                   advantage_mean=advantages.mean())
 

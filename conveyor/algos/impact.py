@@ -22,7 +22,7 @@ import math
 import torch
 from torch import Tensor
 
-from conveyor.algos import LossFn, actor_critic_total, batch_series, rollout_length
+from conveyor.algos import LossFn, actor_critic_total, batch_series, rollout_length, term_graph
 from conveyor.config import RunCfg
 from conveyor.losses import impact_ratio, ppo_clip_loss, value_loss
 from conveyor.models.heads import ModelOut
@@ -51,7 +51,8 @@ def make_loss(cfg: RunCfg) -> LossFn:
             ratio = impact_ratio(learner_logp, target_logp, worker_logp, algo.impact_rho)
         policy = ppo_clip_loss(ratio, targets.pg_advantages, algo.clip)
         value = value_loss(values[:T], targets.vs)
-        entropy = acting.entropy().mean()
+        with term_graph(algo.entropy_coef):
+            entropy = acting.entropy().mean()
         extra = {
             "ratio_mean": ratio.mean(), "ratio_max": ratio.max(),
             "clip_fraction": ((ratio - 1).abs() > algo.clip).to(ratio.dtype).mean(),

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from conveyor.algos import LossFn, actor_critic_total, batch_series, rollout_length
+from conveyor.algos import LossFn, actor_critic_total, batch_series, rollout_length, term_graph
 from conveyor.config import RunCfg
 from conveyor.losses import masked_mean, normalize_advantages, ppo_clip_loss, value_loss
 from conveyor.models.heads import ModelOut
@@ -45,7 +45,8 @@ def make_loss(cfg: RunCfg) -> LossFn:
         ratio = torch.exp(log_ratio)
         policy = ppo_clip_loss(ratio, advantages, algo.clip, valid)
         value = value_loss(values[:T], returns, valid)
-        entropy = masked_mean(acting.entropy(), valid)
+        with term_graph(algo.entropy_coef):
+            entropy = masked_mean(acting.entropy(), valid)
         detached_ratio = ratio.detach() if valid is None else ratio.detach()[valid]
         return actor_critic_total(
             policy, value, entropy, algo.value_coef, algo.entropy_coef,

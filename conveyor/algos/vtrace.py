@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from conveyor.algos import LossFn, actor_critic_total, batch_series, rollout_length
+from conveyor.algos import LossFn, actor_critic_total, batch_series, rollout_length, term_graph
 from conveyor.config import RunCfg
 from conveyor.losses import policy_gradient_loss, value_loss
 from conveyor.models.heads import ModelOut
@@ -31,7 +31,8 @@ def make_loss(cfg: RunCfg) -> LossFn:
                          clip_rho=algo.clip_rho, clip_c=algo.clip_c, clip_pg_rho=algo.clip_pg_rho)
         policy = policy_gradient_loss(logp, targets.pg_advantages)
         value = value_loss(values[:T], targets.vs)
-        entropy = acting.entropy().mean()
+        with term_graph(algo.entropy_coef):
+            entropy = acting.entropy().mean()
         rhos = (logp - behaviour_logp).exp()
         return actor_critic_total(policy, value, entropy, algo.value_coef, algo.entropy_coef,
                                   rho_mean=rhos.mean(), rho_max=rhos.max(),
