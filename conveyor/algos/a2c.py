@@ -25,10 +25,10 @@ def make_loss(cfg: RunCfg) -> LossFn:
         acting = model_out.time_slice(0, T)
         returns = nstep_returns(batch_series(batch, "rewards", values), batch_series(batch, "discounts", values),
                                 values[T].detach())
-        advantages = returns - values[:T]
+        advantages = returns - acting.value  # values[:T], sliced once for both terms: one node less to backprop
         valid = batch.get("valid")
         policy = policy_gradient_loss(acting.log_prob(batch["actions"]), advantages, valid)
-        value = value_loss(values[:T], returns, valid)
+        value = value_loss(acting.value, returns, valid)
         with term_graph(algo.entropy_coef):
             entropy = masked_mean(acting.entropy(), valid)
         return actor_critic_total(policy, value, entropy, algo.value_coef, algo.entropy_coef,
