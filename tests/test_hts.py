@@ -351,26 +351,28 @@ def test_hts_ppo_learns_step_time(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(3600)  # six runs to 475: measured 2 (A2C) and 8 (PPO) minutes on two shared cores
-@pytest.mark.parametrize("algo, slack", [("a2c", 1.25), ("ppo", 1.5)])
-def test_hts_reaches_the_cartpole_threshold_in_about_as_many_steps_as_paac(tmp_path, algo, slack):
+@pytest.mark.timeout(3600)  # 16 runs to 475: measured 3 (A2C) and 8 (PPO) minutes on two shared cores
+@pytest.mark.parametrize("algo, slack, seeds", [("a2c", 1.25, 5), ("ppo", 1.5, 3)])
+def test_hts_reaches_the_cartpole_threshold_in_about_as_many_steps_as_paac(tmp_path, algo, slack, seeds):
     """Same model, loss, settings and batch, so that only the architecture differs: A2C at 16 envs x 5 steps and
     lr 2e-3 (HTS's preset; PAAC's own takes 128 envs at 1e-2), PPO with the presets both share (rl-zoo's CartPole
-    recipe, 16 envs x 32 steps). A2C: HTS's delayed gradient costs no sample efficiency (medians 188k vs 173k
-    steps; README, hts section). PPO learns from data one round old, and its clip counts the previous round's
-    change against it (the authors' form, ``actors.lagged_ppo_update``), so a wider bound."""
+    recipe, 16 envs x 32 steps). A2C: HTS's delayed gradient costs little sample efficiency (seeds 0-6,
+    2026-12-03: HTS 161k-271k steps, mean 200k; PAAC 135k-270k, mean 184k). PAAC's steps spread widely from
+    seed to seed, so the test compares means over 5 seeds (a 3-seed median moved from 1.1x to 1.4x with the
+    last bits of the returns' arithmetic). PPO learns from data one round old, and its clip counts the previous
+    round's change against it (the authors' form, ``actors.lagged_ppo_update``), so a wider bound (seeds 0-2:
+    1.44x)."""
     settings = {"a2c": (AlgoCfg(name="a2c", lr=2e-3), dict(unroll=5, sync_interval=5)),
                 "ppo": (AlgoCfg(name="ppo"), {})}
     algo_cfg, rollout = settings[algo]
     steps = {}
     for arch in ("paac", "hts"):
         steps[arch] = []
-        for seed in (0, 1, 2):
+        for seed in range(seeds):
             cfg = RunCfg(env=EnvCfg(id="CartPole-v1", num_envs=16, num_workers=2), algo=algo_cfg,
                          arch=ArchCfg(name=arch, num_actors=2, **rollout), seed=seed,
                          total_steps=1_000_000, out=str(tmp_path / f"{arch}-{seed}"), progress=False, torch_threads=1)
             summary = train(cfg)
             assert summary["stop_reason"] == "target_return reached", (arch, seed, summary["return_mean_last100"])
             steps[arch].append(summary["env_steps"])
-    # the median over three seeds, within the slack
-    assert statistics.median(steps["hts"]) <= slack * statistics.median(steps["paac"]), steps
+    assert statistics.mean(steps["hts"]) <= slack * statistics.mean(steps["paac"]), steps
