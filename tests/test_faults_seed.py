@@ -41,7 +41,7 @@ def test_steps_count_when_their_unroll_reaches_the_sink_and_dropped_ones_apart(o
     counted, sunk = [], []
     stats = InferenceStats()
     inference = CentralInference(EchoPolicy(), FieldSpec((2,), torch.float32, "obs"), 4, 0.9,
-                                 lambda slot, u: sunk.append(slot), overlap=overlap, stats=stats,
+                                 lambda slot, u, stored: (sunk.append(slot), stored()), overlap=overlap, stats=stats,
                                  on_steps=counted.append)
     for t in range(10):  # slot 0 acts on observations 0..9; slot 1 only on 0..2
         inference.process([env_steps([0, 1] if t < 3 else [0], [[t, 0]] * (2 if t < 3 else 1))])
@@ -61,7 +61,7 @@ class Server:
     def __init__(self, tmp_path, timeout_s=0.002, base_seed=0, name="s.sock", idle_timeout_s=30.0):
         self.stats = InferenceStats()
         self.inference = CentralInference(EchoPolicy(), FieldSpec((2,), torch.float32, "obs"), 5, 0.9,
-                                          lambda slot, u: None, stats=self.stats)
+                                          lambda slot, u, stored: None, stats=self.stats)
         self.batcher = Batcher(self.inference.process, 64, timeout_s, stats=self.stats)
         self.server = SeedServer(self.batcher, self.inference.release, listen=f"unix:{tmp_path}/{name}", token=TOKEN,
                                  env_config_json="{}", obs_shape=(2,), obs_dtype=np.float32, base_seed=base_seed,

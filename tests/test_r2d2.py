@@ -190,7 +190,7 @@ def central_inference(cfg, epsilons, replay):
     policy = R2D2Policy(learner, threading.Lock(), epsilons, seed=0)
     L = cfg.arch.seq_len
     inference = CentralInference(policy, FieldSpec((3,), torch.float32, "obs"), L, cfg.algo.gamma,
-                                 lambda slot, sequence: replay.add(sequence, slot, bool(sequence["continues"])),
+                                 lambda slot, sequence, stored: replay.add(sequence, slot, bool(sequence["continues"])),
                                  overlap=L // 2)
     return learner, policy, inference
 
@@ -378,7 +378,7 @@ def test_replay_ratio_paces_learner_and_actors_without_deadlock():
 
     def actor():
         for _ in range(200):
-            learning.sink(0, sequence)
+            learning.sink(0, sequence, lambda: None)
             fresh = replay.inserted - 8
             if 2.0 * (fresh - 1) > learning.sampled + ReplayLearning.AHEAD_UPDATES * 4:  # inserted while too far ahead
                 violations.append(fresh)
@@ -394,7 +394,7 @@ def test_replay_ratio_paces_learner_and_actors_without_deadlock():
     # Samples per insert settle at the ratio: 2 * 192 inserts allow 384 + 4 samples, the sink kept within 2 updates.
     assert 2.0 * 192 - 3 * 4 <= learning.sampled <= 2.0 * 192 + 4
     # A sink waiting for the learner gives up when the run closes.
-    blocked = threading.Thread(target=lambda: [learning.sink(0, sequence) for _ in range(50)])
+    blocked = threading.Thread(target=lambda: [learning.sink(0, sequence, lambda: None) for _ in range(50)])
     blocked.start()
     blocked.join(timeout=0.5)
     assert blocked.is_alive()

@@ -138,8 +138,8 @@ def test_seed_unrolls_store_the_state_the_actor_used_and_replay_its_log_probs():
     emitted = []  # (slot, unroll index of that slot)
     emitted_per_slot = [0, 0, 0]
 
-    def sink(slot, unroll):
-        queue.put(slot, unroll)
+    def sink(slot, unroll, on_stored):
+        queue.put(slot, unroll, on_stored)
         emitted.append((slot, emitted_per_slot[slot]))
         emitted_per_slot[slot] += 1
 

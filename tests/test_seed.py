@@ -290,7 +290,7 @@ def test_central_inference_builds_unrolls_with_targets_versions_and_truncation_b
     got = []
     policy = EchoPolicy()
     inference = CentralInference(policy, FieldSpec((2,), torch.float32, "obs"), unroll=3, gamma=0.5,
-                                 sink=lambda slot, u: got.append((slot, {k: v.clone() for k, v in u.items()})))
+                                 sink=lambda slot, u, stored: got.append((slot, {k: v.clone() for k, v in u.items()})))
     # Two envs in two requests; env 1 is truncated after its 2nd step (final obs value 4), env 0 terminates.
     replies = inference.process([env_steps([0], [[1, 0]]), env_steps([1], [[2, 0]])])
     assert [r.tolist() for r in replies] == [[1], [2]]
@@ -318,7 +318,7 @@ def test_central_inference_drops_partial_unrolls_on_release_and_on_broken_run_id
     stats = InferenceStats()
     policy = EchoPolicy(recurrent=True)
     inference = CentralInference(policy, FieldSpec((2,), torch.float32, "obs"), unroll=2, gamma=0.9,
-                                 sink=lambda slot, u: got.append((slot, {k: v.clone() for k, v in u.items()})),
+                                 sink=lambda slot, u, stored: got.append((slot, {k: v.clone() for k, v in u.items()})),
                                  stats=stats)
     inference.process([env_steps([0, 1], [[1, 0], [1, 0]])])
     inference.release([0])  # env 0's actor went away mid-unroll
@@ -348,7 +348,7 @@ class LiveServer:
         self.stats = InferenceStats()
         self.policy = EchoPolicy()
         self.inference = CentralInference(self.policy, FieldSpec(obs_shape, torch.float32, "obs"), unroll, 0.9,
-                                          lambda slot, u: self.unrolls.append(slot), stats=self.stats)
+                                          lambda slot, u, stored: self.unrolls.append(slot), stats=self.stats)
         self.batcher = Batcher(self.inference.process, 64, 0.002, stats=self.stats)
         self.server = SeedServer(self.batcher, self.inference.release, listen=listen or f"unix:{tmp_path}/s.sock",
                                  token=TOKEN, env_config_json=env_json, obs_shape=obs_shape, obs_dtype=np.float32,

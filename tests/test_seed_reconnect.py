@@ -62,7 +62,7 @@ class Streams:
         self.stats = InferenceStats()
         self.returns = []
         self.inference = CentralInference(EchoPolicy(), FieldSpec((2,), torch.float32, "obs"), 4, 0.9,
-                                          lambda slot, u: None, stats=self.stats,
+                                          lambda slot, u, stored: None, stats=self.stats,
                                           on_episodes=lambda r: self.returns.extend(r[~np.isnan(r)].tolist()))
 
     def step(self, slots, run_ids, *, actor="a:1", start=False, returns=None, terminated=None):
@@ -149,7 +149,7 @@ class Learner:
         self.stats = InferenceStats()
         self.returns = []
         self.inference = CentralInference(EchoPolicy(), FieldSpec((2,), torch.float32, "obs"), 5, 0.9,
-                                          lambda slot, u: None, stats=self.stats,
+                                          lambda slot, u, stored: None, stats=self.stats,
                                           on_episodes=lambda r: self.returns.extend(r[~np.isnan(r)].tolist()))
         self.batcher = Batcher(self.inference.process, 64, 0.002, stats=self.stats)
         env_json = json.dumps({**dataclasses.asdict(EnvCfg(id=FIXED_ID, num_envs=ENVS, num_workers=1)), "gamma": 0.9})

@@ -190,6 +190,20 @@ def test_fresh_buffers_of_a_schema_hold_the_markers(spaces):
         shared.close()
 
 
+def test_an_unroll_is_counted_before_the_training_side_can_take_it():
+    """``UnrollQueue.put(..., on_stored)``: the count (SEED's env_steps) runs with the unroll copied in and not
+    yet visible to ``get_batch``, so a batch never holds steps the run has not counted; a put refused because the
+    queue stopped counts nothing."""
+    fields = {"rewards": FieldSpec((), torch.float32, "step")}
+    queue = UnrollQueue(2, fields, capacity=1)
+    seen = []
+    assert queue.put(0, {"rewards": torch.ones(2)}, lambda: seen.append((len(queue), queue.pool["rewards"][0].sum())))
+    assert seen == [(0, 2.0)] and len(queue) == 1
+    queue.close()
+    assert not queue.put(1, {"rewards": torch.ones(2)}, lambda: seen.append("counted"), poll_s=0.01)
+    assert seen == [(0, 2.0)]
+
+
 def test_schema_names_standard_fields_and_declares_the_rest():
     obs, action = FieldSpec((4,), torch.float32), FieldSpec((), torch.int64)
     with pytest.raises(ValueError, match="unknown rollout fields \\['logp'\\]"):

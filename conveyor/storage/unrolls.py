@@ -42,6 +42,9 @@ from conveyor.storage.schema import FieldSpec, marker_tensor
 Unroll = dict[str, Tensor]
 UnrollSink = Callable[[int, Unroll], None]
 """``sink(slot, unroll)``: receives each finished unroll (views; copy what you keep)."""
+CountedSink = Callable[[int, Unroll, Callable[[], None]], None]
+"""``sink(slot, unroll, on_stored)``: an ``UnrollSink`` that calls ``on_stored()`` once it has stored the unroll and
+before the training side can take it (``UnrollQueue.put``), and never for an unroll it drops."""
 
 
 class PartialUnrolls:
@@ -147,8 +150,10 @@ class UnrollQueue:
         for index in range(capacity):
             self._free.put(index)
 
-    def put(self, slot: int, unroll: Unroll, poll_s: float = 0.1) -> bool:
-        """Copy ``unroll`` into a free pool slot; waits while none is free. False when stopped first."""
+    def put(self, slot: int, unroll: Unroll, on_stored: Callable[[], None] | None = None,
+            poll_s: float = 0.1) -> bool:
+        """Copy ``unroll`` into a free pool slot; waits while none is free. False when stopped first.
+        ``on_stored()`` runs once it is copied, before ``get_batch`` can take it (a ``CountedSink``)."""
         while not self.stop.is_set():
             try:
                 index = self._free.get(timeout=poll_s)
@@ -156,6 +161,8 @@ class UnrollQueue:
                 continue
             for name, tensor in self.pool.items():
                 tensor[index].copy_(unroll[name])
+            if on_stored is not None:
+                on_stored()
             self._full.put(index)
             return True
         return False

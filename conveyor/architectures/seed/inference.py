@@ -10,10 +10,13 @@ policy once on all rows with each env's recurrent state, records the
 action, the policy's per-step values and the learner version that acted,
 and returns each request its own actions. Finished unrolls go to a sink.
 
-Counting (the run's ``env_steps``): a step counts once the sink has taken
-an unroll holding it (``on_steps(n)`` after the sink returns), never when
-it is acted. So with V-trace ``env_steps`` equals the transitions handed to
-the learner's unroll queue. With ``overlap`` (R2D2) a sequence's first
+Counting (the run's ``env_steps``): a step counts once the sink has stored
+an unroll holding it and before the learner can take it (``on_steps(n)``
+from the sink's ``on_stored``: a ``CountedSink``), never when it is acted.
+So with V-trace ``env_steps`` equals the transitions handed to the learner's
+unroll queue, and every one it trains on was counted before the run's stop
+decision (counted after the put returned, a batch trained meanwhile could
+hold steps that then counted as after the stop). With ``overlap`` (R2D2) a sequence's first
 ``overlap`` steps were already counted with the sequence before it, so
 ``env_steps`` counts distinct acted steps stored in replay (each is stored
 about ``T / (T - overlap)`` times; what is trained depends on the replay
@@ -77,7 +80,7 @@ from torch import Tensor
 from conveyor.acting import CoreInputs, GsdeNoise, policy_step, step_targets, values_of
 from conveyor.learner import Learner
 from conveyor.storage.schema import FieldSpec, RolloutSchema, action_field, state_fields
-from conveyor.storage.unrolls import PartialUnrolls, UnrollSink
+from conveyor.storage.unrolls import CountedSink, PartialUnrolls, Unroll
 from conveyor.architectures.seed.batcher import EnvSteps, InferenceStats
 
 _MAX_DETACHED_ACTORS = 4096
@@ -201,17 +204,18 @@ class CentralInference:
     """``process`` of the SEED batcher: env rows in, actions out, unrolls to ``sink``. Runs on the
     inference thread only (slot state is not locked)."""
 
-    def __init__(self, policy: Policy, obs_spec: FieldSpec, unroll: int, gamma: float, sink: UnrollSink, *,
+    def __init__(self, policy: Policy, obs_spec: FieldSpec, unroll: int, gamma: float, sink: CountedSink, *,
                  overlap: int = 0, stats: InferenceStats | None = None,
                  on_steps: Callable[[int], None] | None = None,
                  on_episodes: Callable[[np.ndarray], None] | None = None,
                  timer: Callable[[str], ContextManager[Any]] | None = None) -> None:
         self.policy = policy
         self.gamma = gamma
-        self.unrolls = PartialUnrolls(unroll, unroll_schema(policy, obs_spec).fields, sink, overlap=overlap)
+        self.sink = sink
+        self.unrolls = PartialUnrolls(unroll, unroll_schema(policy, obs_spec).fields, self._emit, overlap=overlap)
         self.stats = stats or InferenceStats()
         self.on_steps = on_steps
-        """``on_steps(n)``: n new acted steps went to the sink (see the module docstring)."""
+        """``on_steps(n)``: the sink stored an unroll holding n new acted steps (see the module docstring)."""
         self.on_episodes = on_episodes
         """``on_episodes(returns)``: per env row of a batch, the return of an episode that ended there, else NaN."""
         self.timer = timer or (lambda bucket: contextlib.nullcontext())
@@ -229,6 +233,13 @@ class CentralInference:
         self.slot_actor: dict[int, str] = {}
         self.detached: collections.OrderedDict[str, Tensor] = collections.OrderedDict()
         self.detached_rows = 0
+
+    def _emit(self, slot: int, unroll: Unroll) -> None:
+        """``PartialUnrolls``' sink: a full unroll to ``sink``, its steps not counted before (all but the overlap
+        an earlier unroll of the slot held) counted when the sink has stored it."""
+        steps = int(self.unrolls.T - self.emitted[slot])
+        self.emitted[slot] = self.unrolls.overlap
+        self.sink(slot, unroll, lambda: self.on_steps(steps) if self.on_steps is not None else None)
 
     def _grow(self, rows: int) -> None:
         self.unrolls.grow(rows)
@@ -403,14 +414,9 @@ class CentralInference:
             self.unrolls.write("prev_reward", slots, prev_reward)
             for name, rows in zip(self.policy.state_fields, state):
                 self.unrolls.write(name, slots, rows)
-        full = slots[self.unrolls.cursor[slots] == self.unrolls.T]
         emitted = self.unrolls.emit_full(slots)  # the sink may block (a full queue throttles the actors)
         if emitted:
             self.stats.count("unrolls", emitted)
-            new_steps = int((self.unrolls.T - self.emitted[full]).sum())
-            self.emitted[full] = self.unrolls.overlap
-            if self.on_steps is not None:
-                self.on_steps(new_steps)
 
         # 3. One forward for every row; record what acted.
         out = self.policy.act(ActInput(slots, obs, first, prev_action, prev_reward, state))

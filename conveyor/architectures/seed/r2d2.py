@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import gymnasium as gym
 import numpy as np
@@ -192,14 +192,16 @@ class ReplayLearning:
         return (not self.replay_ratio
                 or self.replay_ratio * self._fresh() <= self.sampled + self.AHEAD_UPDATES * self.batch_size)
 
-    def sink(self, slot: int, sequence: dict[str, Tensor]) -> None:
-        """Store a finished sequence; waits while the learner is behind (a closed run drops it)."""
+    def sink(self, slot: int, sequence: dict[str, Tensor], on_stored: Callable[[], None]) -> None:
+        """Store a finished sequence (a ``CountedSink``); waits while the learner is behind (a closed run drops
+        it)."""
         with self._cond:
             while not self._may_insert() and not self._closed:
                 self._cond.wait(0.1)
             if self._closed:
                 return
         self.replay.add(sequence, slot, bool(sequence["continues"]))
+        on_stored()
         with self._cond:
             self._cond.notify_all()
 
