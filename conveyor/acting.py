@@ -17,7 +17,6 @@ each one started from.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from typing import Any, Iterator, NamedTuple
 
@@ -157,10 +156,10 @@ def policy_step(model: nn.Module, obs: Tensor, generator: torch.Generator | None
     action is the one a single process stepping all ``total`` envs would sample.
     """
     # Without a graph to keep, all in inference mode: its ops skip autograd's bookkeeping and the version
-    # counters, a microsecond or two of each of the step's few dozen small ops.
-    with contextlib.nullcontext() if keep_graph else torch.inference_mode():
-        with torch.set_grad_enabled(keep_graph):
-            out = forward_step(model, obs, core)
+    # counters, a microsecond or two of each of the step's few dozen small ops. (With one, only the forward's
+    # graph is kept: what follows reads detached params.)
+    with torch.enable_grad() if keep_graph else torch.inference_mode():
+        out = forward_step(model, obs, core)
         params, value = out.params[0].detach(), out.value[0].detach()
         if out.features is not None:
             if gsde is None:

@@ -58,26 +58,20 @@ class RolloutStorage:
         # Indexed by t alone where every column is written: it runs at every env step, and a second index
         # costs as much as the copy.
         at = t if envs == slice(None) else (t, envs)
+        fields = (("obs", obs), ("actions", actions), ("behaviour_logp", logp), ("behaviour_value", value),
+                  ("rewards", rewards), ("discounts", discounts), ("policy_version", version))
         host = self._host
         if host is not None:
-            for name, given in (("obs", obs), ("actions", actions), ("behaviour_logp", logp),
-                                ("behaviour_value", value), ("rewards", rewards), ("discounts", discounts),
-                                ("policy_version", version)):
+            for name, given in fields:
                 host[name][at] = given.numpy() if isinstance(given, Tensor) else given
             host["valid"][at] = True
             return
-        data = self.data
-        data["obs"][at].copy_(obs)
-        data["actions"][at].copy_(actions)
-        data["behaviour_logp"][at].copy_(logp)
-        data["behaviour_value"][at].copy_(value)
-        data["rewards"][at].copy_(rewards)
-        data["discounts"][at].copy_(discounts)
+        for name, given in fields:
+            if isinstance(given, Tensor):
+                self.data[name][at].copy_(given)
+            else:
+                self.data[name][at].fill_(given)
         self.valid[at] = True
-        if isinstance(version, Tensor):
-            data["policy_version"][at].copy_(version)
-        else:
-            data["policy_version"][at].fill_(version)
 
     def unwrite(self, envs: Tensor) -> None:
         """Put the marker values back into every step of env columns ``envs`` (their data is void)."""
