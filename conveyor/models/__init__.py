@@ -145,24 +145,29 @@ class ActorCritic(nn.Module):
         x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
         if self.obs_normalizer is not None:
             x = self.obs_normalizer(x)
-        feat = self.encoder(x).reshape(T, B, -1)
+        # The heads read the [T * B, F] rows and their outputs take the [T, B] shape once, at the end: a linear layer
+        # on [T, B, F] views its input and its output as 2-D around its matmul (two autograd nodes a head, a few
+        # microseconds each of a small model's update). The numbers are the same.
+        feat = self.encoder(x).flatten(1)
         if self.lstm_size:
-            feat, state = self._core(feat, state, done, prev_action, prev_reward)
-        value_feat = feat if self.value_encoder is None else self.value_encoder(x).reshape(T, B, -1)
+            core_out, state = self._core(feat.view(T, B, -1), state, done, prev_action, prev_reward)
+            feat = core_out.flatten(0, 1)
+        value_feat = feat if self.value_encoder is None else self.value_encoder(x).flatten(1)
         if self.dueling:
             adv = self.advantage(feat)
-            q = self.state_value(feat) + adv - adv.mean(-1, keepdim=True)
+            q = (self.state_value(feat) + adv - adv.mean(-1, keepdim=True)).view(T, B, -1)
             return ModelOut(self.policy, q, q.max(-1).values, state, q)
         # the heads' own forward, not their __call__: see ``encoders.Layers``
         params = self.policy_head.forward(feat)
-        value = self.value_head.forward(value_feat).squeeze(-1)
+        value = self.value_head.forward(value_feat).view(T, B)
         if self.gsde:  # std(s) = sqrt(phi(s)^2 @ sigma^2): the std of the action gSDE's acting adds, phi(s) @ W
             features = feat.detach()
             log_std = 0.5 * torch.log(features.pow(2) @ torch.exp(2 * self.log_std) + GSDE_EPS)
-            return ModelOut(self.policy, torch.cat([params, log_std], dim=-1), value, state, features=features)
+            return ModelOut(self.policy, torch.cat([params, log_std], dim=-1).view(T, B, -1), value, state,
+                            features=features.view(T, B, -1))
         if not self.policy.discrete:
             params = torch.cat([params, self.log_std.expand_as(params)], dim=-1)
-        return ModelOut(self.policy, params, value, state)
+        return ModelOut(self.policy, params.view(T, B, -1), value, state)
 
     def _core(self, feat: Tensor, state: Any, done: Tensor | None, prev_action: Tensor | None,
               prev_reward: Tensor | None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
