@@ -360,7 +360,7 @@ def test_hts_reaches_the_cartpole_threshold_in_about_as_many_steps_as_paac(tmp_p
     2026-12-03: HTS 161k-271k steps, mean 200k; PAAC 135k-270k, mean 184k). PAAC's steps spread widely from
     seed to seed, so the test compares means over 5 seeds (a 3-seed median moved from 1.1x to 1.4x with the
     last bits of the returns' arithmetic). PPO learns from data one round old, and its clip counts the previous
-    round's change against it (the authors' form, ``actors.lagged_ppo_update``), so a wider bound (seeds 0-2:
+    round's change against it (the authors' form, ``delayed.lagged_ppo_update``), so a wider bound (seeds 0-2:
     1.44x)."""
     settings = {"a2c": (AlgoCfg(name="a2c", lr=2e-3), dict(unroll=5, sync_interval=5)),
                 "ppo": (AlgoCfg(name="ppo"), {})}
