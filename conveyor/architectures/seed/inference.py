@@ -384,7 +384,7 @@ class CentralInference:
             inputs = ActInput(cut_slots, finals, torch.zeros(len(rows), dtype=torch.bool),
                               self.last_action[cut_slots], reward[rows], tuple(s[cut_slots] for s in self.state))
             final_values[rows] = self.policy.bootstrap_values(inputs).float().cpu()
-        reward, discount = step_targets(None, reward, terminated.numpy(), truncated.numpy(), None, self.gamma,
+        reward, discount = step_targets(None, reward.numpy(), terminated.numpy(), truncated.numpy(), None, self.gamma,
                                         final_values=final_values)
         closed = slots[pending]
         self.unrolls.write("rewards", closed, reward[pending], offset=-1)
