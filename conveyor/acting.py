@@ -46,7 +46,7 @@ class CoreInputs(NamedTuple):
 
 class Action(NamedTuple):
     actions: Tensor  # [B] int64 or [B, A] float
-    logp: Tensor  # [B]
+    logp: Tensor | None  # [B]; None where ``policy_step`` was asked for none
     value: Tensor  # [B]
     out: ModelOut | None = None  # the forward's output with its autograd graph, when kept
     state: tuple[Tensor, ...] = ()  # with ``core``: the LSTM state rows (h, c) [B, H] after the step
@@ -142,10 +142,12 @@ class GsdeNoise:
 
 def policy_step(model: nn.Module, obs: Tensor, generator: torch.Generator | None = None,
                 uniform: Tensor | None = None, keep_graph: bool = False, core: CoreInputs | None = None,
-                rows: tuple[int, int] | None = None, gsde: GsdeNoise | None = None, envs: Any = None) -> Action:
+                rows: tuple[int, int] | None = None, gsde: GsdeNoise | None = None, envs: Any = None,
+                logp: bool = True) -> Action:
     """One forward on ``obs [B, ...]`` (with ``core``, a recurrent model's other inputs); sample actions (by
     inverse CDF when ``uniform`` is given; a gSDE model's from ``gsde``'s noise of ``envs`` ``[B]``, the
-    acting envs' indices).
+    acting envs' indices). Without ``logp`` the action's ``logp`` is None: a learner that reads no behaviour
+    log-probs (A2C) saves their ops.
 
     ``keep_graph`` returns the output ``[1, B, ...]`` with its autograd graph, so a learner whose
     parameters do not change during the rollout (PAAC A2C) can backpropagate through the acting
@@ -159,21 +161,26 @@ def policy_step(model: nn.Module, obs: Tensor, generator: torch.Generator | None
     # counters, a microsecond or two of each of the step's few dozen small ops. (With one, only the forward's
     # graph is kept: what follows reads detached params.)
     with torch.enable_grad() if keep_graph else torch.inference_mode():
-        out = forward_step(model, obs, core)
-        params, value = out.params[0].detach(), out.value[0].detach()
-        if out.features is not None:
+        out = None
+        if keep_graph or core is not None or not getattr(model, "acts_on_rows", False):
+            out = forward_step(model, obs, core)
+            params, value = out.params[0].detach(), out.value[0].detach()
+        else:  # the same numbers without the [T, B] shapes, which cost a small model's step more than its matmuls
+            params, value = model.act_rows(obs)
+        if out is not None and out.features is not None:
             if gsde is None:
                 raise ValueError("a gSDE model acts with its envs' noise: pass gsde= and envs= to policy_step")
             actions = gsde.actions(model, params, out.features[0], envs)
         elif rows is None:
-            actions = out.policy.sample(params, uniform, generator)
+            actions = model.policy.sample(params, uniform, generator)
         else:
             first, total = rows
             whole = params.new_zeros((total, *params.shape[1:]))
             whole[first:first + len(params)] = params
-            actions = out.policy.sample(whole, uniform, generator)[first:first + len(params)]
+            actions = model.policy.sample(whole, uniform, generator)[first:first + len(params)]
         state = () if core is None else tuple(s[0].detach() for s in out.state)
-        return Action(actions, out.policy.log_prob(params, actions), value, out if keep_graph else None, state)
+        return Action(actions, model.policy.log_prob(params, actions) if logp else None, value,
+                      out if keep_graph else None, state)
 
 
 class SharedDraw:
@@ -291,4 +298,4 @@ def step_targets(model: nn.Module | None, rewards: np.ndarray, terminated: np.nd
             final_values = final_values[cut]
         reward[cut] += gamma * final_values.float().cpu().numpy()
         discount[cut] = 0.0
-    return to_device(torch.from_numpy(reward), device), to_device(torch.from_numpy(discount), device)
+    return to_device(reward, device), to_device(discount, device)

@@ -125,10 +125,13 @@ class Learner:
             loss, metrics = torch.zeros(()), {}
         if share is not None:
             share.average_gradients(self.parameters, weight, math.isfinite(float(loss.detach())))
-        grad_norm = float(clip_grad_norm(self.parameters, self.max_grad_norm or None))
-        values = {k: float(v) for k, v in metrics.items() if v.dim() == 0}
-        values["loss"] = float(loss.detach())
-        values["grad_norm"] = grad_norm
+        norm = clip_grad_norm(self.parameters, self.max_grad_norm or None)
+        names = [k for k, v in metrics.items() if v.dim() == 0]
+        with torch.no_grad():  # one copy to Python floats, not one per metric (each a dispatched op, or a GPU sync)
+            numbers = torch.stack([*(metrics[k] for k in names), loss,
+                                   norm if norm.device == loss.device else norm.to(loss.device)]).tolist()
+        values = dict(zip([*names, "loss", "grad_norm"], numbers))
+        grad_norm = values["grad_norm"]
         finite = math.isfinite(values["loss"]) and math.isfinite(grad_norm)
         self._nonfinite = "" if finite else nonfinite_cause(values, batch)
         return values, grad_norm

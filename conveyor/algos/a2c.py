@@ -27,10 +27,11 @@ def make_loss(cfg: RunCfg) -> LossFn:
                                 values[T].detach())
         advantages = returns - acting.value  # values[:T], sliced once for both terms: one node less to backprop
         valid = batch.get("valid")
-        policy = policy_gradient_loss(acting.log_prob(batch["actions"]), advantages, valid)
+        logp, entropies = acting.log_prob_and_entropy(batch["actions"])
+        policy = policy_gradient_loss(logp, advantages, valid)
         value = value_loss(acting.value, returns, valid)
         with term_graph(algo.entropy_coef):
-            entropy = masked_mean(acting.entropy(), valid)
+            entropy = masked_mean(entropies, valid)
         return actor_critic_total(policy, value, entropy, algo.value_coef, algo.entropy_coef,
                                   advantage_mean=masked_mean(advantages.detach(), valid))
 

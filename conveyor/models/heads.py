@@ -40,8 +40,19 @@ class Categorical:
         self.param_size = num_actions
 
     def log_prob(self, params: Tensor, actions: Tensor) -> Tensor:
+        return self._pick(F.log_softmax(params, dim=-1), actions)
+
+    def log_prob_and_entropy(self, params: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
+        """``log_prob`` and ``entropy`` from one log-softmax, which a loss that needs both (A2C) would otherwise
+        compute and backpropagate twice."""
         logp = F.log_softmax(params, dim=-1)
-        return logp.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+        return self._pick(logp, actions), -(logp.exp() * logp).sum(-1)
+
+    @staticmethod
+    def _pick(logp: Tensor, actions: Tensor) -> Tensor:
+        """The log-probs ``logp [..., A]`` of ``actions [...]``."""
+        index = actions if actions.dtype == torch.int64 else actions.long()
+        return logp.gather(-1, index.unsqueeze(-1)).squeeze(-1)
 
     def probs(self, params: Tensor) -> Tensor:
         return F.softmax(params, dim=-1)
@@ -58,11 +69,15 @@ class Categorical:
 
     def sample(self, params: Tensor, uniform: Tensor | None = None, generator: torch.Generator | None = None) -> Tensor:
         """Inverse-CDF sample: the first action whose cumulative probability exceeds ``uniform`` ``[...]``."""
-        probs = self.probs(params.float())
+        # (casts only where needed: a cast to the same dtype is still a dispatched op, of an acting step's few dozen)
+        probs = self.probs(params if params.dtype == torch.float32 else params.float())
         if uniform is None:
             uniform = _draw(torch.rand, probs.shape[:-1], generator, probs)
-        cdf = probs.cumsum(-1)
-        action = (cdf < uniform.to(cdf.dtype).unsqueeze(-1)).sum(-1)
+        elif uniform.dtype != torch.float32:
+            uniform = uniform.float()
+        # the number of cumulative probabilities below the uniform: cdf never decreases, so that is the first index
+        # where it reaches the uniform (one op, where a comparison and a bool sum take two slower ones)
+        action = torch.searchsorted(probs.cumsum(-1), uniform.unsqueeze(-1)).squeeze(-1)
         return action.clamp_(max=self.num_actions - 1)
 
     def mode(self, params: Tensor) -> Tensor:
@@ -93,6 +108,9 @@ class DiagGaussian:
     def entropy(self, params: Tensor) -> Tensor:
         _, log_std = self._split(params)
         return (log_std + 0.5 * (1.0 + math.log(2 * math.pi))).sum(-1)
+
+    def log_prob_and_entropy(self, params: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
+        return self.log_prob(params, actions), self.entropy(params)
 
     def kl(self, p_params: Tensor, q_params: Tensor) -> Tensor:
         pm, pl = self._split(p_params)
@@ -142,6 +160,9 @@ class ModelOut:
 
     def entropy(self) -> Tensor:
         return self.policy.entropy(self.params)
+
+    def log_prob_and_entropy(self, actions: Tensor) -> tuple[Tensor, Tensor]:
+        return self.policy.log_prob_and_entropy(self.params, actions)
 
     def kl_from(self, other_params: Tensor) -> Tensor:
         """KL(other || self) per step, for the IMPACT target-network penalty."""

@@ -18,7 +18,8 @@ _NUMPY_DTYPES = (torch.float32, torch.float64, torch.float16, torch.int64, torch
 """Field dtypes numpy shares memory with (``RolloutStorage``'s host-memory writes)."""
 
 ROLLOUT_FIELDS = ("obs", "actions", "rewards", "discounts", "behaviour_logp", "behaviour_value", "policy_version")
-"""What a synchronous rollout (PAAC, HTS) holds: the schema of a ``RolloutStorage`` names at least these."""
+"""What a synchronous rollout (PAAC, HTS) holds: the schema of a ``RolloutStorage`` names at least these, but
+``behaviour_logp`` where no loss reads it (PAAC's A2C)."""
 
 
 class RolloutStorage:
@@ -31,7 +32,7 @@ class RolloutStorage:
     """
 
     def __init__(self, schema: RolloutSchema, T: int, B: int, device: torch.device | str = "cpu"):
-        missing = [name for name in ROLLOUT_FIELDS if name not in schema.fields]
+        missing = [name for name in ROLLOUT_FIELDS if name not in schema.fields and name != "behaviour_logp"]
         if missing:
             raise ValueError(f"RolloutStorage needs the rollout fields {missing}: name them in its schema")
         starts = [name for name, spec in schema.fields.items() if spec.kind == "start"]
@@ -52,14 +53,19 @@ class RolloutStorage:
         except KeyError:
             raise AttributeError(f"RolloutStorage has no field {name!r}") from None
 
-    def insert(self, t: int, obs: Tensor, actions: Tensor, logp: Tensor, value: Tensor, rewards: Tensor,
+    def insert(self, t: int, obs: Tensor, actions: Tensor, logp: Tensor | None, value: Tensor, rewards: Tensor,
                discounts: Tensor, version: int | Tensor, envs: slice = slice(None)) -> None:
-        """Step ``t`` of the env columns ``envs`` (all by default; PAAC's env groups write theirs in turn)."""
+        """Step ``t`` of the env columns ``envs`` (all by default; PAAC's env groups write theirs in turn);
+        ``logp`` None exactly where the schema has no ``behaviour_logp``."""
+        if (logp is None) == ("behaviour_logp" in self.data):
+            raise ValueError("RolloutStorage.insert: pass logp exactly when the schema has behaviour_logp")
         # Indexed by t alone where every column is written: it runs at every env step, and a second index
         # costs as much as the copy.
         at = t if envs == slice(None) else (t, envs)
-        fields = (("obs", obs), ("actions", actions), ("behaviour_logp", logp), ("behaviour_value", value),
-                  ("rewards", rewards), ("discounts", discounts), ("policy_version", version))
+        fields = (("obs", obs), ("actions", actions), ("behaviour_value", value), ("rewards", rewards),
+                  ("discounts", discounts), ("policy_version", version))
+        if logp is not None:
+            fields += (("behaviour_logp", logp),)
         host = self._host
         if host is not None:
             for name, given in fields:

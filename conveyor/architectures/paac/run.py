@@ -73,7 +73,10 @@ def run(cfg: RunCfg) -> dict[str, Any]:
         model = make_model(cfg.model, venv.single_observation_space, venv.single_action_space)
         learner = run.learner(model, algos.make_loss(cfg))
         device = learner.device
-        schema = RolloutSchema.build(venv.single_observation_space, model.policy, ROLLOUT_FIELDS)
+        is_ppo = cfg.algo.name == "ppo"
+        # A2C reads no behaviour log-probs: acting computes none, and the storage holds none
+        fields = ROLLOUT_FIELDS if is_ppo else [name for name in ROLLOUT_FIELDS if name != "behaviour_logp"]
+        schema = RolloutSchema.build(venv.single_observation_space, model.policy, fields)
         storage = RolloutStorage(schema, cfg.arch.unroll, venv.num_envs, device)
         sampler = torch.Generator().manual_seed(cfg.seed)
         gsde = GsdeNoise.for_model(cfg.model, cfg.seed)
@@ -84,7 +87,6 @@ def run(cfg: RunCfg) -> dict[str, Any]:
         run.save_with_checkpoints(lambda: {"env_state": venv.history and venv.history.state(),
                                            "sampler": sampler.get_state(),
                                            "gsde_steps": gsde and gsde.steps_state()})
-        is_ppo = cfg.algo.name == "ppo"
         epochs, minibatches = (cfg.algo.ppo_epochs, cfg.algo.ppo_minibatches) if is_ppo else (1, 1)
         # A2C's parameters stay fixed for the whole rollout, so its gradient may flow back through the acting
         # forwards instead of a forward of its own. That saves a CNN's costly forward (Pong, 16 envs: 166-179 ms a
@@ -109,7 +111,7 @@ def run(cfg: RunCfg) -> dict[str, Any]:
                 if event == "act":
                     with run.timer("act"):
                         acts[g] = act = policy_step(model, obs[g], draw.generator(g), keep_graph=reuse_graph,
-                                                    rows=rows[g], gsde=gsde, envs=env_ids[g])
+                                                    rows=rows[g], gsde=gsde, envs=env_ids[g], logp=is_ppo)
                         if reuse_graph:
                             outputs[t].append(act.out)
                     with run.timer("env"):
