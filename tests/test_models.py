@@ -81,6 +81,54 @@ def test_inverse_cdf_sampling_frequencies():
     torch.testing.assert_close(freq, probs, atol=5e-3, rtol=0)
 
 
+def test_inverse_cdf_sampling_counts_the_cumulative_probabilities_below_the_uniform():
+    # the rule, one row at a time in numpy: the action is the number of cumulative probabilities below u (clipped to
+    # the last action where rounding leaves the total under u), ties and zero-probability actions included
+    generator = torch.Generator().manual_seed(1)
+    logits = torch.randn(4000, 5, generator=generator)
+    logits[::7, 2] = -float("inf")  # actions of probability 0
+    uniforms = torch.rand(4000, generator=generator)
+    uniforms[::11] = torch.softmax(logits[::11], -1).cumsum(-1)[:, 1]  # u exactly on a cumulative probability
+    uniforms[5] = 1.0 - 1e-9
+    cdf = torch.softmax(logits, -1).cumsum(-1).numpy()
+    expected = [min(sum(1 for c in row if c < u), 4) for row, u in zip(cdf, uniforms.tolist())]
+    assert Categorical(5).sample(logits, uniforms).tolist() == expected
+
+
+def test_log_prob_and_entropy_from_one_softmax_equal_each_alone():
+    logits, actions = torch.randn(5, 3, 4), torch.randint(0, 4, (5, 3))
+    logp, entropy = Categorical(4).log_prob_and_entropy(logits, actions)
+    assert torch.equal(logp, Categorical(4).log_prob(logits, actions))
+    assert torch.equal(entropy, Categorical(4).entropy(logits))
+    params, continuous = torch.randn(5, 3, 6), torch.randn(5, 3, 3)
+    logp, entropy = DiagGaussian(3).log_prob_and_entropy(params, continuous)
+    assert torch.equal(logp, DiagGaussian(3).log_prob(params, continuous))
+    assert torch.equal(entropy, DiagGaussian(3).entropy(params))
+
+
+@pytest.mark.parametrize("space, action_space, fields", [
+    (VECTOR, DISCRETE, {}), (VECTOR, CONTINUOUS, {}), (VECTOR, DISCRETE, {"normalize_obs": True}),
+    (VECTOR, CONTINUOUS, {"separate_value_net": True}), (gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), DISCRETE, {}),
+])
+def test_acting_on_rows_computes_what_the_forward_does(space, action_space, fields):
+    model = make_model(model_cfg(**fields), space, action_space)
+    if model.obs_normalizer is not None:  # statistics away from the identity
+        model.obs_normalizer.update(torch.randn(50, 6) * 3 + 1)
+    obs = torch.as_tensor(np.stack([space.sample() for _ in range(7)]))
+    assert model.acts_on_rows
+    params, value = model.act_rows(obs)
+    out = model(obs.unsqueeze(0))
+    assert torch.equal(params, out.params[0]) and torch.equal(value, out.value[0])
+    with pytest.raises(ValueError, match="does not match the model's"):
+        model.act_rows(obs.unsqueeze(0))
+
+
+def test_models_with_a_core_a_dueling_head_or_gsde_act_through_the_forward():
+    assert not make_model(model_cfg(lstm_size=8), VECTOR, DISCRETE).acts_on_rows
+    assert not make_model(model_cfg(), VECTOR, DISCRETE, dueling=True).acts_on_rows
+    assert not make_model(model_cfg(gsde=True), VECTOR, CONTINUOUS).acts_on_rows
+
+
 def test_gaussian_inverse_cdf_sample():
     family = DiagGaussian(1)
     params = torch.tensor([[1.0, np.log(2.0)]], dtype=torch.float32)

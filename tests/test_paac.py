@@ -24,6 +24,28 @@ def paac_cfg(tmp_path, **overrides):
     return RunCfg(**base)
 
 
+@pytest.mark.parametrize("space", ["discrete", "continuous"])
+def test_an_acting_step_on_rows_takes_what_the_forward_would(space):
+    # policy_step acts on a feed-forward model's [B] rows (ActorCritic.act_rows): the actions, log-probs and values
+    # of the [T, B] forward it runs for a model with a core, with the same draws
+    import gymnasium as gym
+    import numpy as np
+
+    from conveyor.acting import forward_step, policy_step
+    from conveyor.models import make_model
+
+    actions = gym.spaces.Discrete(3) if space == "discrete" else gym.spaces.Box(-1, 1, (2,), np.float32)
+    model = make_model(RunCfg().model, gym.spaces.Box(-1, 1, (4,), np.float32), actions)
+    obs = torch.randn(9, 4)
+    act = policy_step(model, obs, torch.Generator().manual_seed(5))
+    out = forward_step(model, obs)
+    expected = out.policy.sample(out.params[0], generator=torch.Generator().manual_seed(5))
+    assert torch.equal(act.actions, expected)
+    assert torch.equal(act.logp, out.policy.log_prob(out.params[0], expected))
+    assert torch.equal(act.value, out.value[0])
+    assert policy_step(model, obs, logp=False).logp is None
+
+
 @pytest.mark.slow  # learning
 def test_paac_a2c_learns_cartpole(tmp_path):
     # 195 is CartPole-v0's solved threshold; the default A2C reaches it in ~60-90k steps and the

@@ -204,6 +204,20 @@ def test_an_unroll_is_counted_before_the_training_side_can_take_it():
     assert seen == [(0, 2.0)]
 
 
+def test_a_storage_without_behaviour_log_probs_takes_none_and_only_none():
+    # PAAC's A2C: no loss reads behaviour log-probs, so acting computes none and the storage has no field for them
+    obs, action = FieldSpec((4,), torch.float32), FieldSpec((), torch.int64)
+    storage = RolloutStorage(RolloutSchema(obs, action, [n for n in ROLLOUT_FIELDS if n != "behaviour_logp"]), 2, 3)
+    step = (torch.zeros(3, 4), torch.tensor([0, 1, 0]))
+    with pytest.raises(ValueError, match="pass logp exactly when the schema has behaviour_logp"):
+        storage.insert(0, *step, torch.zeros(3), torch.zeros(3), torch.ones(3), torch.ones(3), version=0)
+    for t in range(2):
+        storage.insert(t, *step, None, torch.zeros(3), torch.ones(3), torch.ones(3), version=0)
+    assert storage.unwritten_steps() == 0 and "behaviour_logp" not in storage.batch()
+    with pytest.raises(ValueError, match="pass logp exactly when the schema has behaviour_logp"):
+        rollout(2, 3, (4,)).insert(0, *step, None, torch.zeros(3), torch.ones(3), torch.ones(3), version=0)
+
+
 def test_schema_names_standard_fields_and_declares_the_rest():
     obs, action = FieldSpec((4,), torch.float32), FieldSpec((), torch.int64)
     with pytest.raises(ValueError, match="unknown rollout fields \\['logp'\\]"):
