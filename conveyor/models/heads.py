@@ -68,7 +68,8 @@ class Categorical:
         return (logp.exp() * (logp - logq)).sum(-1)
 
     def sample(self, params: Tensor, uniform: Tensor | None = None, generator: torch.Generator | None = None) -> Tensor:
-        """Inverse-CDF sample: the first action whose cumulative probability exceeds ``uniform`` ``[...]``."""
+        """Inverse-CDF sample: the first action whose cumulative probability reaches ``uniform`` ``[...]`` (the last
+        action where rounding leaves every one below it)."""
         # (casts only where needed: a cast to the same dtype is still a dispatched op, of an acting step's few dozen)
         probs = self.probs(params if params.dtype == torch.float32 else params.float())
         if uniform is None:
