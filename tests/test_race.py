@@ -276,9 +276,12 @@ def test_suite_contenders_flags_and_variants(tmp_path, monkeypatch):
     labels = [f"{run.arch_label}/{run.algo_label or run.cfg.algo.name}" for run in cartpole]
     assert labels == ["paac/a2c", "paac/ppo", "hts/a2c", "hts/ppo", "ga3c/ga3c", "seed/vtrace", "seed/r2d2",
                       "impact/impact", "sb3/a2c", "sb3/ppo", "sb3/dqn", "sample-factory/appo", "cleanrl/ppo"]
-    for run in cartpole[:8]:  # conveyor: only arch, algo, env and seed; the threshold stops the run
-        assert run.flags[::2] == ("--arch", "--algo", "--env", "--seed")
+    for run in cartpole[:8]:  # conveyor: only arch, algo, env and seed (and the step cap where the preset's budget
+        # is above it); the threshold stops the run
+        assert run.flags[::2][:4] == ("--arch", "--algo", "--env", "--seed")
+        assert run.flags[8:] in ((), ("--total-steps", "500000"))
         assert run.cfg.target_return == 475.0 and run.cfg.total_steps <= 500_000
+    assert [run.arch_label for run in cartpole[:8] if len(run.flags) > 8] == ["seed"]  # seed/vtrace's preset: 1M
     assert cartpole[-1].skip_reason.endswith("is not built (make peers)")
 
     envs = [RaceEnv("Pendulum-v1", -250.0, 1_000_000, 60.0)]
