@@ -46,7 +46,7 @@ class Categorical:
         """``log_prob`` and ``entropy`` from one log-softmax, which a loss that needs both (A2C) would otherwise
         compute and backpropagate twice."""
         logp = F.log_softmax(params, dim=-1)
-        return self._pick(logp, actions), -(logp.exp() * logp).sum(-1)
+        return self._pick(logp, actions), self._entropy(logp)
 
     @staticmethod
     def _pick(logp: Tensor, actions: Tensor) -> Tensor:
@@ -58,7 +58,11 @@ class Categorical:
         return F.softmax(params, dim=-1)
 
     def entropy(self, params: Tensor) -> Tensor:
-        logp = F.log_softmax(params, dim=-1)
+        return self._entropy(F.log_softmax(params, dim=-1))
+
+    @staticmethod
+    def _entropy(logp: Tensor) -> Tensor:
+        """The entropy of the log-probs ``logp [..., A]``."""
         return -(logp.exp() * logp).sum(-1)
 
     def kl(self, p_params: Tensor, q_params: Tensor) -> Tensor:
