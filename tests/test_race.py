@@ -7,6 +7,7 @@ import dataclasses
 import importlib.util
 import json
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -203,6 +204,35 @@ def test_merge_keeps_earlier_rows_that_a_rerun_does_not_replace(tmp_path):
     with open(tmp_path / "invocations.csv") as f:
         assert len(list(csv.DictReader(f))) == 1  # a fresh table: this invocation's alone
     assert "1 run in 5 s on " in (tmp_path / "results.md").read_text()
+
+
+def test_a_full_invocation_merged_into_the_race_folder_updates_the_race_section(tmp_path, monkeypatch):
+    """Pong raced with ``--full --merge`` into the folder of the other envs' invocations adds its table to that
+    folder's ``race`` section (once a second ``race-full`` section repeated every table); a folder of ``--full``
+    invocations alone keeps its own name, on a merge and on a rewrite."""
+    cartpole, pong = RaceEnv("CartPole-v1", 10.0, 10_000, 200.0), RaceEnv("ALE/Pong-v5", 0.0, 10_000, 200.0)
+    page = tmp_path / "page.md"
+    page.write_text("# Page\n\n<!-- conveyor bench --suite race: start -->\nold\n<!-- conveyor bench --suite race: "
+                    "end -->\n")
+    out, full = tmp_path / "race", tmp_path / "full"
+    out.mkdir()
+    full.mkdir()
+    monkeypatch.setattr(sys, "argv", ["conveyor", "bench", "--suite", "race", "--envs", "CartPole"])
+    write_race_results(Suite("race", "", (), race_envs=(cartpole,)), out, [fake_run(tmp_path / "a", "p-s0",
+                       [20.0] * 100)], 10.0, markdown=page, started_unix=1e9)
+    monkeypatch.setattr(sys, "argv", ["conveyor", "bench", "--suite", "race", "--full", "--envs", "Pong", "--merge"])
+    write_race_results(Suite("race-full", "", (), race_envs=(pong,)), out, [fake_run(tmp_path / "b", "p-s0",
+                       [20.0] * 100, env="ALE/Pong-v5")], 10.0, markdown=page, merge=True, started_unix=2e9)
+    text = page.read_text()
+    assert "race-full" not in text and text.count("#### CartPole-v1") == 1 and text.count("#### ALE/Pong-v5") == 1
+    assert (out / "results.md").read_text().startswith("Suite `race`: ")
+    assert main(["bench", "--suite", "race", "--rewrite", "--out", str(out), "--markdown", str(page)]) == 0
+    assert page.read_text() == text
+    for started in (1e9, 2e9):  # --full invocations alone: their own folder's name
+        write_race_results(Suite("race-full", "", (), race_envs=(pong,)), full, [fake_run(
+            tmp_path / "c", f"p-s0-{started:.0f}", [20.0] * 100, env="ALE/Pong-v5")], 10.0, merge=True,
+            started_unix=started)
+        assert (full / "results.md").read_text().startswith("Suite `race-full`: ")
 
 
 def test_rewrite_renders_the_tables_again_from_the_folder_after_an_edited_invocation(tmp_path, capsys):

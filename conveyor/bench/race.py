@@ -683,9 +683,21 @@ def write_race_results(suite: Suite, out: Path, rows: list[dict[str, Any]], elap
             earlier = [{"date": "", "commit": "", "command": "earlier invocations", "runs": kept, "elapsed_s": "",
                         "load": "", "note": "not recorded: from before invocations.csv"}]
         invocations[:0] = earlier
+        suite = dataclasses.replace(suite, name=folder_suite_name([row["command"] for row in invocations]))
     write_csv(out / RACE_CSV, raced, RACE_FIELDS)
     write_csv(out / INVOCATIONS_CSV, invocations, INVOCATION_FIELDS)
     publish_race(suite, out, raced, invocations, settings, elapsed_s, load, markdown)
+
+
+def folder_suite_name(commands: Sequence[str]) -> str:
+    """The name of a results folder's tables, and of the markdown section they go to, from the commands of every
+    invocation it holds: ``race-full`` or ``race-quick`` where all of them were, else ``race``. So a ``--full``
+    invocation merged into the race's folder adds Pong's table to the ``race`` section, not a second copy of the
+    whole section under ``race-full``."""
+    for name, flag in (("race-full", "--full"), ("race-quick", "--quick")):
+        if commands and all(flag in command for command in commands):
+            return name
+    return "race"
 
 
 def rewrite_race_results(out: Path, markdown: Path | None = None) -> int:
@@ -695,9 +707,7 @@ def rewrite_race_results(out: Path, markdown: Path | None = None) -> int:
     if not (out / RACE_CSV).is_file():
         raise ConfigError(f"{out} holds no {RACE_CSV} to rewrite from: pass the --out of an earlier race")
     invocations = read_invocations(out / INVOCATIONS_CSV)
-    commands = [invocation["command"] for invocation in invocations]
-    name = ("race-full" if any("--full" in command for command in commands) else
-            "race-quick" if commands and all("--quick" in command for command in commands) else "race")
+    name = folder_suite_name([invocation["command"] for invocation in invocations])
     suite, raced, _ = merged_rows(out, Suite(name, "", ()), [])
     if invocations and sum(int(invocation["runs"]) for invocation in invocations) < len(raced):
         raise ConfigError(f"{out / INVOCATIONS_CSV} accounts for fewer runs than {out / RACE_CSV} holds "
