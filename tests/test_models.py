@@ -31,6 +31,34 @@ def test_cnn_encoders_shapes(name):
     assert out.log_prob(torch.zeros(3, 2, dtype=torch.long)).shape == (3, 2)
 
 
+@pytest.mark.parametrize("name", ["nips_cnn", "nature_cnn", "impala_resnet"])
+def test_built_in_cnns_read_frames_channels_last_on_the_cpu_and_compute_the_same(name):
+    model = make_model(model_cfg(name=name), IMAGE, DISCRETE)
+    obs = torch.randint(0, 256, (2, 3, 4, 84, 84), dtype=torch.uint8)
+    frames = model._inputs(obs.flatten(0, 1))
+    assert frames.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(frames, obs.flatten(0, 1).float() / 255.0)  # the same values, only laid out otherwise
+    with torch.no_grad():  # acting: a forward without a graph is faster on NCHW frames
+        assert model._inputs(obs.flatten(0, 1)).is_contiguous()
+    out = model(obs)
+    model.channels_last_frames = False
+    assert model._inputs(obs.flatten(0, 1)).is_contiguous()
+    reference = model(obs)
+    torch.testing.assert_close(out.params, reference.params, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out.value, reference.value, rtol=1e-5, atol=1e-6)
+
+
+def test_vector_models_small_frames_and_encoders_of_your_own_get_their_input_as_it_is():
+    assert not make_model(model_cfg(), VECTOR, DISCRETE).channels_last_frames
+    minatar = make_model(model_cfg(name="minatar_cnn"), gym.spaces.Box(0, 1, (4, 10, 10), np.uint8), DISCRETE)
+    assert minatar._inputs(torch.ones(2, 4, 10, 10, dtype=torch.uint8)).is_contiguous()
+    custom = make_model(model_cfg(name="examples.custom_model:MyEncoder"), IMAGE, DISCRETE)
+    seen = []
+    custom.encoder.register_forward_pre_hook(lambda module, args: seen.append(args[0].is_contiguous()))
+    custom(torch.randint(0, 256, (1, 2, 4, 84, 84), dtype=torch.uint8))
+    assert seen == [True]  # its forward may view its input as it likes
+
+
 def test_auto_model_picks_by_observation_rank():
     assert make_model(model_cfg(), IMAGE, DISCRETE).encoder_name == "nature_cnn"
     assert make_model(model_cfg(), VECTOR, DISCRETE).encoder_name == "mlp"
