@@ -101,10 +101,11 @@ class ActorCritic(nn.Module):
 
         self.encoder_name = name
         # The built-in CNNs of 84x84 frames read them channels-last on the CPU where a gradient will flow: oneDNN's
-        # NHWC convolutions made the Nature CNN's forward and backward 1.37x faster on PPO's minibatch of 256 and
-        # 1.14x on A2C's five acting forwards of 32, where a forward without a graph (acting) and the MinAtar
-        # CNN's small frames were 4-9% slower (benchmarks/cnn_layout.py; docs/benchmarks-log.md "Channels-last
-        # frames"). The numbers are the same up to float rounding. An encoder of your own gets its input as it is.
+        # NHWC convolutions made the Nature CNN's forward and backward 1.38x faster on PPO's minibatch of 256 and
+        # 1.14x on A2C's five acting forwards of 32 (the IMPALA ResNet's 1.56x), where a forward without a graph
+        # (acting) and the MinAtar CNN's 10x10 frames were 2-10% slower (benchmarks/cnn_layout.py;
+        # docs/benchmarks-log.md "Channels-last frames"). The numbers are the same up to float rounding. An
+        # encoder of your own gets its input as it is.
         self.channels_last_frames = name in CHANNELS_LAST_ENCODERS
         self.obs_normalizer = ObsNormalizer(self.obs_shape) if cfg.normalize_obs else None
         self.encoder, feat = build()
