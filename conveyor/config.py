@@ -303,8 +303,15 @@ class ModelCfg:
     """Width of an LSTM core after the encoder, 0 for none: r2d2 needs one; vtrace (seed, impact) and impact
     may have one, replayed from each unroll's start state; a2c, ppo and ga3c run feed-forward models."""
     normalize_obs: bool | None = None
-    """Standardize float observations at the model's input by running mean/std statistics (clipped to [-10, 10]),
-    updated by the learner after each update and sent to actors with the weights; not for uint8 pixels."""
+    """Standardize observations at the model's input by running per-feature mean/std statistics, updated by the
+    learner after each update and sent to actors with the weights: float vectors clipped to [-10, 10] (SB3's
+    ``VecNormalize``), uint8 frames scaled to [0, 1] first and clipped to [-5, 5] (Sample Factory's
+    ``normalize_input``)."""
+    normalize_values: bool | None = None
+    """The value head predicts returns standardized by running statistics of the value targets, updated once per
+    batch before its epochs; the model's values stay in env units, and the value loss is taken in standardized
+    units, targets clipped to [-5, 5] (Sample Factory's ``normalize_returns``, rl_games' ``normalize_value``).
+    PPO with a feed-forward model only (the algorithm whose targets are fixed before its update)."""
     separate_value_net: bool | None = None
     """Give the value head its own encoder (same architecture) instead of sharing the policy's; no LSTM core."""
     log_std_init: float | None = None
@@ -756,6 +763,10 @@ class RunCfg:
             raise ConfigError(f"--algo {self.algo.name} runs feed-forward models (a recurrent core runs with "
                               "--algo vtrace under --arch seed or impact, --algo impact, --algo r2d2): "
                               "drop --lstm-size")
+        if self.model.normalize_values and (self.algo.name != "ppo" or self.model.lstm_size):
+            raise ConfigError("--normalize-values standardizes value targets fixed before the update: PPO with a "
+                              f"feed-forward model only, not --algo {self.algo.name}"
+                              f"{' with --lstm-size' if self.model.lstm_size else ''}: drop --normalize-values")
         self.arch.check_in_run(self)
         if not (self.device == "cpu" or self.device.startswith("cuda") or self.device == "mps"):
             raise ConfigError(f"unknown device {self.device!r}: use cpu, cuda or cuda:N")

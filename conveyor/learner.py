@@ -91,6 +91,7 @@ class Learner:
         self.optimizer = make_optimizer(self.parameters, cfg)
         self.max_grad_norm = cfg.algo.max_grad_norm
         self.obs_normalizer = getattr(self.model, "obs_normalizer", None)  # None: the model keeps no statistics
+        self.value_normalizer = getattr(self.model, "value_normalizer", None)
         self.version = 0
         self.skipped_updates = 0  # optimizer steps skipped as non-finite, over the run (kept in checkpoints)
         self._nonfinite = ""  # why the gradients computed last may not be applied ("" when they may)
@@ -188,6 +189,8 @@ class Learner:
         steps drawn from all of T x B as a ``[1, N]`` batch (feed-forward models, a batch whose per-step
         targets are fixed: ``algos.ppo.with_targets``), as CleanRL and SB3 sample PPO minibatches.
         A2C is ``epochs = minibatches = 1``."""
+        if self.value_normalizer is not None:
+            batch = self.fit_value_targets(batch)
         if epochs == 1 and minibatches == 1:
             return self.update(batch)
         T, num_envs = batch["rewards"].shape[:2]
@@ -210,6 +213,23 @@ class Learner:
                 self.apply_gradients()
         self.end_batch(batch["obs"])
         return metrics
+
+    def fit_value_targets(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Fold the batch's value targets ``batch["returns"]`` (the valid ones; data-parallel, the whole batch's)
+        into the model's ``ValueNormalizer``, before any step on the batch, and return the batch with the
+        statistics the loss standardizes with, ``value_moments`` (the model's value head uses the same ones until
+        the next batch)."""
+        if "returns" not in batch:
+            raise KeyError("normalize_values needs the batch's value targets, batch['returns'] "
+                           "(algos.ppo.with_targets)")
+        returns, valid = batch["returns"], batch.get("valid")
+        if self.data_parallel is not None:
+            returns = self.data_parallel.gather_columns(returns)
+            valid = None if valid is None else self.data_parallel.gather_columns(valid)
+        targets = returns if valid is None else returns[valid]
+        if bool(torch.isfinite(targets).all()):  # as ``observe``: a NaN would poison every later value
+            self.value_normalizer.update(targets)
+        return {**batch, "value_moments": self.value_normalizer.moments()}
 
     def param_sha256(self) -> str:
         return param_sha256(self.model)

@@ -16,6 +16,7 @@ import math
 import torch
 from torch import Tensor
 
+from conveyor.models.normalize import RMS_CLIP
 from conveyor.returns import value_rescale, value_rescale_inverse
 
 __all__ = [
@@ -57,10 +58,22 @@ def policy_gradient_loss(logp: Tensor, advantages: Tensor, mask: Tensor | None =
     return -masked_mean(logp * advantages.detach(), mask)
 
 
-def value_loss(values: Tensor, targets: Tensor, mask: Tensor | None = None) -> Tensor:
-    """Squared error ``0.5 * mean((values - targets)^2)``; ``targets`` ``[T, B]`` are detached."""
+def value_loss(values: Tensor, targets: Tensor, mask: Tensor | None = None, moments: Tensor | None = None,
+               clip: float = RMS_CLIP) -> Tensor:
+    """Squared error ``0.5 * mean((values - targets)^2)``; ``targets`` ``[T, B]`` are detached.
+
+    With ``moments``, ``[mean, std]`` of the value targets (a ``ValueNormalizer``'s), the error is taken in
+    standardized units, the targets clipped to [-clip, clip]:
+    ``0.5 * mean(((values - mean) / std - clip((targets - mean) / std))^2)`` (Sample Factory's and rl_games'
+    value normalization; ``values`` are in env units, ``mean + std * head``, so the first term is the head).
+    """
     _check_same_shape("value_loss", values=values, targets=targets)
-    return 0.5 * masked_mean((values - targets.detach()).pow(2), mask)
+    targets = targets.detach()
+    if moments is not None:
+        mean, std = moments.detach().to(values.dtype)
+        values = (values - mean) / std
+        targets = ((targets - mean) / std).clamp(-clip, clip)
+    return 0.5 * masked_mean((values - targets).pow(2), mask)
 
 
 def advantage_moments(advantages: Tensor, mask: Tensor | None = None) -> Tensor:

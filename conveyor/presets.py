@@ -185,6 +185,7 @@ BASE: dict[str, Any] = {
     "model.hidden": (64, 64),  # source: SB3 and CleanRL MLP policies: two layers of 64
     "model.lstm_size": 0,  # source: feed-forward, as in PAAC, GA3C, IMPACT and HTS-RL
     "model.normalize_obs": False,  # source: PAAC, IMPALA, SEED feed raw observations
+    "model.normalize_values": False,  # source: PAAC, IMPALA, SEED, CleanRL and SB3 regress raw returns
     "model.separate_value_net": False,  # source: one trunk, two heads (A3C, Mnih et al. 2016; PAAC)
     "model.log_std_init": -0.5,  # source: tuned here: the Pendulum and HalfCheetah rows of BENCHMARKS.md (SB3: 0.0)
     "model.weight_init": "orthogonal",  # source: CleanRL ppo.py / SB3 ortho_init (gains sqrt 2, 0.01, 1)
@@ -373,6 +374,11 @@ ALGO_FAMILY: dict[tuple[str, str], dict[str, Any]] = {
     },
     ("ppo", "atari"): {
         "env.num_envs": 8,  # source: CleanRL ppo_atari.py num_envs 8; rl-zoo ppo.yml atari n_envs 8
+        # Sample Factory's Atari recipe is this batch with frames and value targets standardized; it reached Pong's 0
+        # in 0.80M steps where these presets without them were at -15.1 at 1.15M (docs/benchmarks-log.md, "Two Pong
+        # screens"; the race on Pong that chose them: BENCHMARKS.md)
+        "model.normalize_obs": True,  # source: Sample Factory sf_examples/atari/atari_params.py normalize_input
+        "model.normalize_values": True,  # source: Sample Factory sf_examples/atari/atari_params.py normalize_returns
     },
     ("vtrace", "atari"): {
         "algo.lr": 6e-4,  # source: IMPALA Atari lr 0.0006; Adam (the issue 15 RMSProp eps 0.1 stalled Pong)

@@ -18,7 +18,7 @@ CONTINUOUS = gym.spaces.Box(-1, 1, (3,), np.float32)
 def model_cfg(**fields):
     """A complete model config (a bare ``ModelCfg`` leaves its preset fields None)."""
     return ModelCfg(**{"name": "auto", "hidden": (64, 64), "lstm_size": 0, "normalize_obs": False,
-                       "separate_value_net": False, "log_std_init": -0.5, **fields})
+                       "normalize_values": False, "separate_value_net": False, "log_std_init": -0.5, **fields})
 
 
 @pytest.mark.parametrize("name", ["nips_cnn", "nature_cnn", "impala_resnet"])
@@ -253,9 +253,45 @@ def test_obs_normalizer_statistics_travel_in_the_state_dict_and_forward_leaves_t
     assert "obs_normalizer.mean" not in make_model(model_cfg(), VECTOR, DISCRETE).state_dict()
 
 
-def test_obs_normalization_is_refused_for_pixels():
-    with pytest.raises(ConfigError, match="normalize_obs .* uint8 pixels"):
-        make_model(model_cfg(normalize_obs=True), IMAGE, DISCRETE)
+def test_frames_are_scaled_then_standardized_per_pixel_as_sample_factory_does():
+    model = make_model(model_cfg(normalize_obs=True), IMAGE, DISCRETE)
+    frames = torch.randint(0, 256, (3, 6, 4, 84, 84), dtype=torch.uint8)
+    frames[..., :20, :] = 87  # a still background: variance 0
+    for chunk in frames:
+        model.obs_normalizer.update(chunk)
+    scaled = frames.reshape(-1, 4, 84, 84).double().numpy() / 255.0
+    mean, var = scaled.mean(0), scaled.var(0)
+    np.testing.assert_allclose(model.obs_normalizer.mean.numpy(), mean, atol=1e-6)
+    np.testing.assert_allclose(model.obs_normalizer.var.numpy(), var, atol=1e-6)
+    obs = torch.randint(0, 256, (5, 4, 84, 84), dtype=torch.uint8)
+    obs[..., :20, :] = 87
+    obs[0, 0, 3, 3] = 200  # the ball over the background: (200 - 87) / 255 / sqrt(1e-5) is far past the clip
+    expected = np.clip((obs.double().numpy() / 255.0 - mean) / np.sqrt(var + 1e-5), -5.0, 5.0)
+    for grad in (True, False):  # channels-last where a gradient flows, NCHW when acting: the same numbers
+        with torch.set_grad_enabled(grad):
+            inputs = model._inputs(obs)
+        assert inputs.is_contiguous(memory_format=torch.channels_last) == grad
+        np.testing.assert_allclose(inputs.detach().numpy(), expected, atol=1e-4)
+    assert float(inputs[0, 0, 3, 3]) == 5.0 and float(inputs[1:, :, :20].abs().max()) < 1e-3
+
+
+def test_value_normalizer_standardizes_the_head_and_keeps_values_in_env_units():
+    model = make_model(model_cfg(normalize_values=True), VECTOR, DISCRETE)
+    plain = make_model(model_cfg(), VECTOR, DISCRETE)
+    plain.load_state_dict({k: v for k, v in model.state_dict().items() if not k.startswith("value_normalizer.")})
+    obs = torch.randn(2, 3, 6)
+    torch.testing.assert_close(model(obs).value, plain(obs).value)  # before any update: the identity
+    targets = torch.randn(40) * 3.0 + 7.0
+    for chunk in targets.split([15, 25]):
+        model.value_normalizer.update(chunk)
+    mean, var = targets.double().mean(), targets.double().var(unbiased=False)
+    torch.testing.assert_close(model.value_normalizer.moments().double(),
+                               torch.stack([mean, torch.sqrt(var + 1e-5)]), rtol=1e-5, atol=1e-5)
+    head = plain(obs).value  # the same weights: what the head outputs
+    torch.testing.assert_close(model(obs).value, mean.float() + torch.sqrt(var + 1e-5).float() * head)
+    params, values = model.act_rows(obs[0])
+    torch.testing.assert_close(values, model(obs[:1]).value[0])
+    assert {"value_normalizer.mean", "value_normalizer.var", "value_normalizer.count"} <= set(model.state_dict())
 
 
 def test_separate_value_net_has_its_own_encoder():

@@ -2,7 +2,8 @@
 
 Advantages come from the values recorded at acting time (``batch["behaviour_value"]``
 ``[T + 1, B]``), so they stay fixed across epochs and minibatches;
-``returns = advantages + behaviour_value[:T]`` are the value targets.
+``returns = advantages + behaviour_value[:T]`` are the value targets; with ``batch["value_moments"]``
+(``ModelCfg.normalize_values``: ``Learner.fit_value_targets``) the value loss is taken in their standardized units.
 ``loss = ppo_clip(exp(logp - behaviour_logp), A) + value_coef * value - entropy_coef * entropy``;
 advantages are normalized per call when ``cfg.algo.normalize_advantages`` (over the whole minibatch when
 data-parallel ranks each hold part of it: ``batch["advantage_moments"]``).
@@ -44,7 +45,7 @@ def make_loss(cfg: RunCfg) -> LossFn:
         log_ratio = acting.log_prob(batch["actions"]) - batch_series(batch, "behaviour_logp", values)
         ratio = torch.exp(log_ratio)
         policy = ppo_clip_loss(ratio, advantages, algo.clip, valid)
-        value = value_loss(values[:T], returns, valid)
+        value = value_loss(values[:T], returns, valid, moments=batch.get("value_moments"))
         with term_graph(algo.entropy_coef):
             entropy = masked_mean(acting.entropy(), valid)
         detached_ratio = ratio.detach() if valid is None else ratio.detach()[valid]

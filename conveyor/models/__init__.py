@@ -2,9 +2,11 @@
 
 All models take time-major observations ``[T, B, *obs_shape]`` and return a
 ``ModelOut``. uint8 observations (Atari frames) are scaled to [0, 1] inside
-the model so storage and transport keep the compact dtype; float observations
-may be standardized by running statistics (``ModelCfg.normalize_obs``,
-``ObsNormalizer``) kept as buffers, so they travel with the weights. The
+the model so storage and transport keep the compact dtype; observations may
+be standardized by running statistics (``ModelCfg.normalize_obs``,
+``ObsNormalizer``), and the value head's targets too
+(``ModelCfg.normalize_values``, ``ValueNormalizer``), kept as buffers, so
+they travel with the weights. The
 encoder is one of ``encoders.ENCODERS`` or your own (``--model MODULE:CLASS``,
 ``encoders.custom``).
 """
@@ -26,9 +28,9 @@ from conveyor.imports import is_ref
 from conveyor.models import encoders
 from conveyor.models.encoders import ENCODERS, Layers
 from conveyor.models.heads import Categorical, DiagGaussian, ModelOut, PolicyFamily
-from conveyor.models.normalize import ObsNormalizer
+from conveyor.models.normalize import ObsNormalizer, ValueNormalizer
 
-__all__ = ["ActorCritic", "ModelOut", "Categorical", "DiagGaussian", "ObsNormalizer", "PolicyFamily", "make_model",
+__all__ = ["ActorCritic", "ModelOut", "Categorical", "DiagGaussian", "ObsNormalizer", "PolicyFamily", "ValueNormalizer", "make_model",
            "policy_family"]
 
 
@@ -69,7 +71,9 @@ class ActorCritic(nn.Module):
     Gaussian's log-std is state-dependent (``ModelCfg.gsde``) and the output
     carries the features it is computed from, for ``acting.GsdeNoise``. ``obs_normalizer`` is
     None unless ``normalize_obs``; its statistics change only through
-    ``Learner.apply_gradients``, never in ``forward``.
+    ``Learner.apply_gradients``, never in ``forward``. ``value_normalizer`` is None unless
+    ``normalize_values``: the value head's output is then standardized, and ``value`` its denormalized
+    (env-unit) value; its statistics change only through ``Learner.fit_value_targets``.
     """
 
     def __init__(self, obs_shape: tuple[int, ...], action_space: gym.Space, cfg: ModelCfg, dueling: bool = False,
@@ -107,7 +111,8 @@ class ActorCritic(nn.Module):
         # docs/benchmarks-log.md "Channels-last frames"). The numbers are the same up to float rounding. An
         # encoder of your own gets its input as it is.
         self.channels_last_frames = name in CHANNELS_LAST_ENCODERS
-        self.obs_normalizer = ObsNormalizer(self.obs_shape) if cfg.normalize_obs else None
+        frames = observation_space.dtype == np.uint8
+        self.obs_normalizer = ObsNormalizer(self.obs_shape, frames=frames) if cfg.normalize_obs else None
         self.encoder, feat = build()
         if cfg.separate_value_net and dueling:
             raise ConfigError("separate_value_net splits the policy and value trunks, and a dueling Q head has "
@@ -140,6 +145,7 @@ class ActorCritic(nn.Module):
                 shape = (feat, self.policy.action_dim) if self.gsde else (self.policy.action_dim,)
                 self.log_std = nn.Parameter(torch.full(shape, float(cfg.log_std_init)))
             self.value_head = _init_linear(nn.Linear(feat, 1), 1.0, cfg.weight_init)
+        self.value_normalizer = ValueNormalizer() if cfg.normalize_values and not dueling else None
 
     def initial_state(self, batch_size: int, device: torch.device | str = "cpu") -> tuple[Tensor, Tensor] | None:
         if not self.lstm_size:
@@ -193,8 +199,10 @@ class ActorCritic(nn.Module):
         channels_last = self.channels_last_frames and x.device.type == "cpu" and torch.is_grad_enabled()
         layout = torch.channels_last if channels_last else torch.preserve_format
         if x.dtype == torch.uint8:
-            x = x.to(torch.float32, memory_format=layout) / 255.0
-        elif x.dtype != torch.float32 or channels_last:
+            x = x.to(torch.float32, memory_format=layout)
+            # The normalizer scales frames itself, in the same pass as it standardizes them.
+            return x / 255.0 if self.obs_normalizer is None else self.obs_normalizer(x)
+        if x.dtype != torch.float32 or channels_last:
             x = x.to(torch.float32, memory_format=layout)
         return x if self.obs_normalizer is None else self.obs_normalizer(x)
 
@@ -206,8 +214,10 @@ class ActorCritic(nn.Module):
         return params
 
     def _value(self, x: Tensor, feat: Tensor) -> Tensor:
-        """V ``[N, 1]`` of the input rows ``x`` whose policy features are ``feat``."""
-        return self.value_head.forward(feat if self.value_encoder is None else _rows(self.value_encoder(x)))
+        """V ``[N, 1]`` of the input rows ``x`` whose policy features are ``feat`` (in env units: the head's output
+        denormalized with ``normalize_values``)."""
+        value = self.value_head.forward(feat if self.value_encoder is None else _rows(self.value_encoder(x)))
+        return value if self.value_normalizer is None else self.value_normalizer.denormalize(value)
 
     def _core(self, feat: Tensor, state: Any, done: Tensor | None, prev_action: Tensor | None,
               prev_reward: Tensor | None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
@@ -243,9 +253,6 @@ def _rows(features: Tensor) -> Tensor:
 def make_model(cfg: ModelCfg, observation_space: gym.Space, action_space: gym.Space, dueling: bool = False) -> ActorCritic:
     if not isinstance(observation_space, gym.spaces.Box):
         raise ConfigError(f"observation space {observation_space} is not supported: use a Box observation space")
-    if cfg.normalize_obs and observation_space.dtype == np.uint8:
-        raise ConfigError("normalize_obs standardizes float observations, and these are uint8 pixels (already "
-                          "scaled to [0, 1] in the model): drop --normalize-obs")
     return ActorCritic(tuple(observation_space.shape), action_space, cfg, dueling, observation_space)
 
 
