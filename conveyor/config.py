@@ -311,7 +311,7 @@ class ModelCfg:
     """The value head predicts returns standardized by running statistics of the value targets, updated once per
     batch before its epochs; the model's values stay in env units, and the value loss is taken in standardized
     units, targets clipped to [-5, 5] (Sample Factory's ``normalize_returns``, rl_games' ``normalize_value``).
-    PPO with a feed-forward model only (the algorithm whose targets are fixed before its update)."""
+    PPO only (the algorithm whose targets are fixed before its update)."""
     separate_value_net: bool | None = None
     """Give the value head its own encoder (same architecture) instead of sharing the policy's; no LSTM core."""
     log_std_init: float | None = None
@@ -763,10 +763,9 @@ class RunCfg:
             raise ConfigError(f"--algo {self.algo.name} runs feed-forward models (a recurrent core runs with "
                               "--algo vtrace under --arch seed or impact, --algo impact, --algo r2d2): "
                               "drop --lstm-size")
-        if self.model.normalize_values and (self.algo.name != "ppo" or self.model.lstm_size):
-            raise ConfigError("--normalize-values standardizes value targets fixed before the update: PPO with a "
-                              f"feed-forward model only, not --algo {self.algo.name}"
-                              f"{' with --lstm-size' if self.model.lstm_size else ''}: drop --normalize-values")
+        if self.model.normalize_values and self.algo.name != "ppo":
+            raise ConfigError("--normalize-values standardizes value targets fixed before the update, PPO's, not "
+                              f"those of --algo {self.algo.name}: drop --normalize-values or use --algo ppo")
         self.arch.check_in_run(self)
         if not (self.device == "cpu" or self.device.startswith("cuda") or self.device == "mps"):
             raise ConfigError(f"unknown device {self.device!r}: use cpu, cuda or cuda:N")

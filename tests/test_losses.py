@@ -97,6 +97,20 @@ def test_value_loss_value_and_gradient():
     assert value_loss(t([1.0, 2.0]), t([3.0, 2.0])).item() == 1.0
 
 
+def test_value_loss_in_standardized_units_against_a_loop():
+    values, targets = rng_tensor(4, 5, 2).requires_grad_(), rng_tensor(5, 5, 2) * 4 + 1
+    targets[0, 0] = 40.0  # 9 std above the mean: clipped to 5
+    mean, std = 1.5, 2.0
+    loss = value_loss(values, targets, moments=t([mean, std]))
+    expected = 0.5 * np.mean([((values[i, j].item() - mean) / std - np.clip((targets[i, j].item() - mean) / std, -5, 5))
+                              ** 2 for i in range(5) for j in range(2)])
+    assert loss.item() == pytest.approx(expected, rel=1e-12)
+    # hand-computed: values 3.5 and 1.5 against targets 5.5 and 1.5, mean 1.5, std 2: 0.5 * mean((1 - 2)^2, 0) = 0.25
+    assert value_loss(t([3.5, 1.5]), t([5.5, 1.5]), moments=t([1.5, 2.0])).item() == 0.25
+    assert torch.autograd.gradcheck(lambda v: value_loss(v, targets, moments=t([mean, std])),
+                                    (values.detach().requires_grad_(),))
+
+
 def test_normalize_advantages():
     advantages = rng_tensor(5, 6, 4) * 3 + 2
     normalized = normalize_advantages(advantages)

@@ -1,4 +1,5 @@
-"""Observation and reward normalization: where the statistics change, where they travel, what they leave alone."""
+"""Observation, value-target and reward normalization: where the statistics change, where they travel, what they
+leave alone."""
 
 import copy
 
@@ -10,10 +11,12 @@ import torch
 from conveyor.algos import make_loss
 from conveyor.architectures.hts.delayed import acting_tensors, delayed_update
 from conveyor.architectures.impact.params import ParamBlock
-from conveyor.config import AlgoCfg, ConfigError, EnvCfg, ModelCfg, RunCfg
+from conveyor.algos.ppo import with_targets
+from conveyor.config import AlgoCfg, ArchCfg, ConfigError, EnvCfg, ModelCfg, RunCfg
 from conveyor.envs import EPISODE_KEY, make_env, make_vector_env
 from conveyor.learner import Learner
 from conveyor.models import ObsNormalizer, make_model
+from conveyor.storage.rollout import step_samples
 
 OBS = gym.spaces.Box(-1, 1, (4,), np.float32)
 ACTIONS = gym.spaces.Discrete(2)
@@ -139,3 +142,68 @@ def test_vector_env_workers_normalize_rewards_with_the_given_discount():
 def test_reward_normalization_is_refused_on_envpool():
     with pytest.raises(ConfigError, match="normalize_reward runs in conveyor's own env loop, not in envpool"):
         EnvCfg(normalize_reward=True, backend="envpool")
+
+
+def value_learner(seed=0):
+    cfg = RunCfg(algo=AlgoCfg(name="ppo", lr=0.01, ppo_epochs=2, ppo_minibatches=2),
+                 model=ModelCfg(hidden=(16,), normalize_values=True))
+    torch.manual_seed(seed)
+    return Learner(make_model(cfg.model, OBS, ACTIONS), make_loss(cfg), cfg)
+
+
+def test_the_learner_folds_each_batchs_valid_value_targets_once_before_its_epochs():
+    learner = value_learner()
+    batches = [with_targets(random_batch(seed), gae_lambda=0.95) for seed in (1, 2)]
+    batches[1]["valid"] = torch.ones(T, B, dtype=torch.bool)
+    batches[1]["valid"][2, 1] = False  # a step a dead worker lost: its target stays out
+    batches[1]["returns"][2, 1] = 1e6
+    seen = []
+    original = learner.compute_gradients
+
+    def record(minibatch, model_out=None):
+        seen.append(minibatch["value_moments"].clone())
+        return original(minibatch, model_out)
+
+    learner.compute_gradients = record
+    for batch in batches:
+        learner.update_epochs(batch, 2, 2, torch.Generator().manual_seed(0), steps=True)
+    targets = torch.cat([batches[0]["returns"].flatten(), batches[1]["returns"][batches[1]["valid"]]]).double()
+    normalizer = learner.model.value_normalizer
+    assert float(normalizer.count) == 2 * T * B - 1
+    torch.testing.assert_close(normalizer.mean.double(), targets.mean(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(normalizer.var.double(), targets.var(unbiased=False), rtol=1e-5, atol=1e-6)
+    # Every step of a batch standardizes with the statistics that include that batch, fixed across its epochs.
+    assert len(seen) == 8 and all(torch.equal(m, seen[0]) for m in seen[:4]) and torch.equal(seen[-1],
+                                                                                           normalizer.moments())
+    first = batches[0]["returns"].flatten().double()
+    torch.testing.assert_close(seen[0].double(), torch.stack([first.mean(), (first.var(unbiased=False) + 1e-5).sqrt()]),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_the_value_loss_trains_the_head_on_standardized_targets():
+    learner = value_learner()
+    batch = with_targets(random_batch(3), gae_lambda=0.95)
+    batch["returns"] = batch["returns"] * 50.0 + 200.0  # returns far from the head's unit scale
+    learner.update_epochs(batch, 2, 2, torch.Generator().manual_seed(0), steps=True)
+    mean, std = learner.model.value_normalizer.moments()
+    returns = batch["returns"].double()
+    torch.testing.assert_close(mean.double(), returns.mean(), rtol=1e-5, atol=1e-4)
+    assert float(std) > 20.0
+    out = learner.model(batch["obs"])
+    head = (out.value - mean) / std  # what the head outputs: unit scale, not 200
+    assert float(head.abs().max()) < 5.0
+    expected = 0.5 * ((head[:T] - ((batch["returns"] - mean) / std).clamp(-5, 5)) ** 2).mean()
+    metrics, _ = learner.compute_gradients({**step_batch(batch), "value_moments": torch.stack([mean, std])})
+    assert metrics["value_loss"] == pytest.approx(float(expected), rel=1e-4)
+
+
+def step_batch(batch):
+    """All T x B steps of ``batch`` as one ``[1, N]`` minibatch (``Learner.update_epochs(steps=True)``)."""
+    return step_samples(batch, torch.arange(T * B))
+
+
+def test_value_normalization_is_refused_where_targets_are_not_fixed_before_the_update():
+    for algo in ("a2c", "vtrace"):
+        with pytest.raises(ConfigError, match="--normalize-values standardizes value targets .* PPO's"):
+            RunCfg(algo=AlgoCfg(name=algo), model=ModelCfg(normalize_values=True),
+                   arch=ArchCfg(name="paac" if algo == "a2c" else "impact"))

@@ -30,8 +30,8 @@ from conveyor.models.encoders import ENCODERS, Layers
 from conveyor.models.heads import Categorical, DiagGaussian, ModelOut, PolicyFamily
 from conveyor.models.normalize import ObsNormalizer, ValueNormalizer
 
-__all__ = ["ActorCritic", "ModelOut", "Categorical", "DiagGaussian", "ObsNormalizer", "PolicyFamily", "ValueNormalizer", "make_model",
-           "policy_family"]
+__all__ = ["ActorCritic", "ModelOut", "Categorical", "DiagGaussian", "ObsNormalizer", "PolicyFamily", "ValueNormalizer",
+           "make_model", "policy_family"]
 
 
 def policy_family(action_space: gym.Space) -> PolicyFamily:
