@@ -7,7 +7,10 @@ import dataclasses
 import importlib.util
 import json
 import math
+import signal
+import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -521,6 +524,32 @@ def test_small_race_end_to_end(tmp_path):
     assert "rl-zoo 2.9.2 ppo.yml" in raced[1]["settings"]
     assert (tmp_path / "race_CartPole-v1.png").read_bytes()[:8] == PNG_MAGIC
     assert "| paac/a2c | 1/1 |" in (tmp_path / "results.md").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("stable_baselines3") is None or zoo.zoo_version() is None,
+                    reason="needs make bench-deps (stable-baselines3, rl_zoo3)")
+def test_an_sb3_race_run_stopped_by_sigterm_writes_its_summary_and_returns(tmp_path):
+    """SIGTERM (the bench's timeout, ``kill``) stops an SB3 run at its next step, and the run writes its summary
+    and returns as a conveyor run does, so a long race stopped from outside keeps its curve."""
+    code = ("import sys; from pathlib import Path; from conveyor.bench.suites import RaceGoal; "
+            "from conveyor.bench.zoo import run_zoo; from conveyor.config import EnvCfg, RunCfg; "
+            "run_zoo('ppo', RunCfg(env=EnvCfg(id='CartPole-v1'), seed=0, log_interval_s=0.2), Path(sys.argv[1]), "
+            "RaceGoal(1e9, 10**9, 3600.0), __import__('time').time())")
+    child = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stderr=subprocess.PIPE, text=True)
+    try:
+        metrics, deadline = tmp_path / "metrics.csv", time.monotonic() + 120
+        while not (metrics.exists() and any(int(row["episodes"]) >= 5 for row in csv.DictReader(metrics.open()))):
+            assert child.poll() is None and time.monotonic() < deadline, child.stderr and child.stderr.read()
+            time.sleep(0.1)
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(60) == 0, child.stderr.read()
+    finally:
+        child.kill()
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["stop_reason"] == "signal SIGTERM" and summary["framework"] == "stable-baselines3"
+    returns = (tmp_path / "returns.csv").read_text().splitlines()
+    assert summary["episodes"] >= 5 and len(returns) == summary["episodes"] + 1  # a header, then every episode
 
 
 @pytest.mark.slow

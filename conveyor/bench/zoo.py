@@ -27,6 +27,8 @@ import ast
 import functools
 import importlib
 import importlib.metadata
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -287,6 +289,8 @@ def run_zoo(algo: str, cfg: Any, run_dir: Path, goal: RaceGoal, spawned_unix: fl
     from conveyor.bench.report import TARGET_STOP, TIME_STOP
     from conveyor.bench.suites import RACE_WINDOW as WINDOW
     from conveyor.bench.suites import write_race_clock as write_clock
+    from conveyor.procs import SignalRelay
+    from conveyor.run import STOP_SIGNALS
     from conveyor.telemetry import Telemetry
 
     recipe = zoo_recipe(algo, cfg.env.id)
@@ -307,7 +311,9 @@ def run_zoo(algo: str, cfg: Any, run_dir: Path, goal: RaceGoal, spawned_unix: fl
             telemetry.add_episodes(np.array([info["episode"]["r"] if "episode" in info else np.nan
                                              for info in infos], dtype=np.float64))
             telemetry.maybe_log()
-            if len(telemetry.returns) >= WINDOW and telemetry.return_mean_last100 >= goal.threshold:
+            if signals:
+                stop["reason"] = f"signal {signal.Signals(signals[0]).name}"
+            elif len(telemetry.returns) >= WINDOW and telemetry.return_mean_last100 >= goal.threshold:
                 stop["reason"] = TARGET_STOP
             elif telemetry.env_steps >= goal.max_steps:
                 stop["reason"] = "race step cap reached"
@@ -318,12 +324,19 @@ def run_zoo(algo: str, cfg: Any, run_dir: Path, goal: RaceGoal, spawned_unix: fl
             return False
 
     model_class = {"a2c": sb3.A2C, "ppo": sb3.PPO, "dqn": sb3.DQN}[algo]
+    # Ctrl-C, the bench's timeout (SIGTERM) or a hang-up stop SB3 at its next step and the run writes its
+    # summary and returns, as a conveyor run does: a long Pong race stopped from outside keeps its curve.
+    signals: list[int] = []
+    relay = SignalRelay(STOP_SIGNALS, signals.append) if threading.current_thread() is threading.main_thread() \
+        else None
     venv = make_zoo_venv(recipe, cfg.seed)
     try:
         model = model_class(recipe.policy, venv, seed=cfg.seed, verbose=0, **recipe.kwargs)
         model.learn(total_timesteps=recipe.n_timesteps, callback=RaceCallback())
     finally:
         venv.close()
+        if relay is not None:
+            relay.close()
     telemetry.maybe_log(force=True)
     summary = telemetry.summary(arch="sb3", algo=algo, env=cfg.env.id, seed=cfg.seed, stop_reason=stop["reason"],
                                 out=str(run_dir), framework="stable-baselines3", framework_version=sb3.__version__,
