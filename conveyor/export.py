@@ -120,8 +120,10 @@ def _partial(out: Path) -> Iterator[Path]:
 def export_torchscript(policy: Policy, out: Path) -> None:
     inputs = example_inputs(policy)
     info = json.dumps(description(policy, "torchscript"), indent=2)
-    with _partial(out) as partial, _quiet():  # torch 2.13 deprecates torch.jit (for torch.export); it still works
-        traced = torch.jit.trace(policy.net, inputs)
+    # Traced without autograd, as the net runs: with it, the built-in CNNs would take their channels-last training
+    # layout (``ActorCritic._inputs``), and the tracer's check, run without it, would see another graph.
+    with _partial(out) as partial, _quiet(), torch.no_grad():  # torch 2.13 deprecates torch.jit (for
+        traced = torch.jit.trace(policy.net, inputs)  # torch.export); it still works
         torch.jit.save(traced, str(partial), _extra_files={"conveyor.json": info})
 
 

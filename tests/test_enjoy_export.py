@@ -62,6 +62,9 @@ def runs(tmp_path_factory):
                                                                      arch=ArchCfg(name="seed")))
     dirs["impact_lstm"] = synthetic_run(root / "impact_lstm", RunCfg(env=EnvCfg(id="Pendulum-v1"), model=lstm,
                                                                      arch=ArchCfg(name="impact"), seed=0))
+    # PPO's Atari presets standardize frames and value targets: statistics away from the identity, as after training.
+    dirs["pong_ppo"] = synthetic_run(root / "pong_ppo", RunCfg(env=EnvCfg(id="ALE/Pong-v5"), algo=AlgoCfg(name="ppo")),
+                                     statistics=True)
     return dirs
 
 
@@ -219,12 +222,17 @@ def test_enjoy_plays_a_recurrent_policy(runs, capsys, name):
     assert len(episode_lines(capsys.readouterr().out)) == 2
 
 
-def synthetic_run(path: Path, cfg: RunCfg, dueling: bool = False) -> Path:
-    """A run directory with an untrained model's checkpoint (for envs too slow to train on here)."""
+def synthetic_run(path: Path, cfg: RunCfg, dueling: bool = False, statistics: bool = False) -> Path:
+    """A run directory with an untrained model's checkpoint (for envs too slow to train on here); ``statistics``:
+    its normalizers' statistics taken from random observations and targets."""
     (path / "checkpoints").mkdir(parents=True)
     (path / "config.json").write_text(cfg.to_json())
     obs_space, action_space = env_spaces(cfg.env, 0)
     model = make_model(cfg.model, obs_space, action_space, dueling=dueling)
+    if statistics:
+        obs_space.seed(0)
+        model.obs_normalizer.update(torch.as_tensor(np.stack([obs_space.sample() for _ in range(16)])))
+        model.value_normalizer.update(torch.linspace(-1.0, 0.5, 64))
     save_checkpoint(path / "checkpoints" / "ckpt-000000000000.pt", {"model": model.state_dict(), "version": 0})
     return path
 
@@ -266,8 +274,8 @@ def reference(policy, obs, state=None, reward=None):
 
 
 @pytest.mark.parametrize("fmt", ["torchscript", pytest.param("onnx", marks=pytest.mark.slow)])  # onnx: dynamo, slow
-@pytest.mark.parametrize("name", ["paac", "pendulum", *(pytest.param(name, marks=pytest.mark.slow)
-                                                         for name in ("r2d2", "impact_lstm"))])
+@pytest.mark.parametrize("name", ["paac", "pendulum", "pong_ppo", *(pytest.param(name, marks=pytest.mark.slow)
+                                                                     for name in ("r2d2", "impact_lstm"))])
 def test_exported_network_gives_load_policy_actions(runs, tmp_path, fmt, name):
     policy = load_policy(runs[name])
     out = tmp_path / f"policy.{'onnx' if fmt == 'onnx' else 'pt'}"

@@ -75,12 +75,11 @@ class ObsNormalizer(_RunningMoments):
         # Frames: scaling and standardizing in one pass, x * scale + shift, with scale and shift laid out as x is
         # (channels-last frames against contiguous statistics make the pass 2.7x slower): 2.8 ms a PPO minibatch
         # of 256 frames where the scaling alone took 1.5 ms, against about 90 ms for its forward and backward.
-        inverse_std = 1.0 / self.std()
+        inverse_std = torch.rsqrt(self.var + self.eps)
         layout = torch.empty_like(x[:1])
         scale = layout.copy_((inverse_std * self.input_scale).unsqueeze(0))
         shift = torch.empty_like(layout).copy_((-self.mean * inverse_std).unsqueeze(0))
-        out = torch.addcmul(shift, x, scale, out=torch.empty_like(x))
-        return out.clamp_(-self.clip, self.clip)
+        return torch.addcmul(shift, x, scale).clamp_(-self.clip, self.clip)
 
     @torch.no_grad()
     def update(self, obs: Tensor) -> None:
