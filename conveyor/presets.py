@@ -375,8 +375,9 @@ ALGO_FAMILY: dict[tuple[str, str], dict[str, Any]] = {
     ("ppo", "atari"): {
         "env.num_envs": 8,  # source: CleanRL ppo_atari.py num_envs 8; rl-zoo ppo.yml atari n_envs 8
         # Sample Factory's Atari recipe is this batch with frames and value targets standardized; it reached Pong's 0
-        # in 0.80M steps where these presets without them were at -15.1 at 1.15M (docs/benchmarks-log.md, "Two Pong
-        # screens"; the race on Pong that chose them: BENCHMARKS.md)
+        # in 0.80M steps where these presets without them were at -15.1 at 1.15M. With them paac/ppo reached 0 in
+        # 0.91M steps, 2,341.8 s, where paac/a2c took 3,387.6 s and Sample Factory 5,085.9 s (the race on Pong,
+        # BENCHMARKS.md; docs/benchmarks-log.md "Pong at 2.17x")
         "model.normalize_obs": True,  # source: Sample Factory sf_examples/atari/atari_params.py normalize_input
         "model.normalize_values": True,  # source: Sample Factory sf_examples/atari/atari_params.py normalize_returns
     },
