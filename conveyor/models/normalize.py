@@ -64,13 +64,14 @@ class ObsNormalizer(_RunningMoments):
 
     def __init__(self, obs_shape: tuple[int, ...], frames: bool = False):
         super().__init__(obs_shape, RMS_EPS if frames else EPS)
+        self.frames = frames
         self.input_scale = 1.0 / 255.0 if frames else 1.0
         self.clip = RMS_CLIP if frames else CLIP
 
     def forward(self, x: Tensor) -> Tensor:
         """``x`` ``[N, *obs_shape]`` float, unscaled (frames in 0..255), standardized and clipped; the result keeps
         ``x``'s memory format (channels-last frames stay so)."""
-        if self.input_scale == 1.0:
+        if not self.frames:
             return ((x - self.mean) / self.std()).clamp(-self.clip, self.clip)
         # Frames: scaling and standardizing in one pass, x * scale + shift, with scale and shift laid out as x is
         # (channels-last frames against contiguous statistics make the pass 2.7x slower): 2.8 ms a PPO minibatch
@@ -85,7 +86,7 @@ class ObsNormalizer(_RunningMoments):
     def update(self, obs: Tensor) -> None:
         """Fold observations ``[..., *obs_shape]`` (as the env gives them) into the statistics."""
         x = obs.reshape(-1, *self.mean.shape).to(self.mean.device, torch.float32)
-        self._fold(x * self.input_scale if self.input_scale != 1.0 else x)
+        self._fold(x * self.input_scale if self.frames else x)
 
 
 class ValueNormalizer(_RunningMoments):
