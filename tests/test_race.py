@@ -35,13 +35,17 @@ def curve(returns, seconds_per_episode=1.0, steps_per_episode=10):
 
 
 def fake_run(tmp_path, name, returns, *, startup=4.0, status="ok", env="CartPole-v1", contender=("paac", "a2c"),
-             framework="conveyor", seed=0, seconds_per_episode=0.5, machine_speed=None):
-    """A finished bench run's directory (spec, clock, returns.csv, summary.json) and its results row."""
+             framework="conveyor", seed=0, seconds_per_episode=0.5, machine_speed=None, goal=None):
+    """A finished bench run's directory (spec, clock, returns.csv, summary.json) and its results row; ``goal``:
+    the race goal its spec records (as ``child.execute`` writes it)."""
     run_dir = tmp_path / "runs" / name
     run_dir.mkdir(parents=True)
     spawned = 1_000_000.0
-    spec = {"spawned_unix": spawned} if machine_speed is None else {"spawned_unix": spawned,
-                                                                   "machine_speed": machine_speed}
+    spec = {"spawned_unix": spawned}
+    if machine_speed is not None:
+        spec["machine_speed"] = machine_speed
+    if goal is not None:
+        spec["race"] = dataclasses.asdict(goal)
     (run_dir / "bench_spec.json").write_text(json.dumps(spec))
     (run_dir / CLOCK_FILE).write_text(json.dumps({"spawned_unix": spawned, "run_start_unix": spawned + startup,
                                                   "startup_s": startup}))
@@ -298,7 +302,45 @@ def test_a_merge_into_an_invocations_csv_it_cannot_rewrite_is_refused_before_any
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_time_cap_judges_its_rows_by_its_own_cap_and_the_table_says_which(tmp_path):
+    """``--time-cap``: a run's row is judged against the cap its spec records, not the env's, and the env's
+    table keeps the env's cap in its title and names the contenders stopped sooner, on a merge too."""
+    cartpole, acrobot = RaceEnv("CartPole-v1", 10.0, 10_000, 100.0), RaceEnv("Acrobot-v1", 10.0, 10_000, 100.0)
+    sooner = dataclasses.replace(cartpole.goal(), time_limit_s=50.0)
+    rows = [fake_run(tmp_path / "a", "p-s0", [20.0] * 100, goal=cartpole.goal()),  # 54 s: within 100 s
+            fake_run(tmp_path / "a", "d-s0", [20.0] * 100, contender=("sb3", "dqn"), framework="sb3", goal=sooner)]
+    write_race_results(Suite("race", "", (), race_envs=(cartpole,)), tmp_path, rows, 10.0)
+    with open(tmp_path / "race.csv") as f:
+        raced = list(csv.DictReader(f))
+    assert [(row["reached"], row["cap_time_s"]) for row in raced] == [("True", "100.0"), ("False", "50.0")]
+    assert raced[1]["run_time_at_crossing_s"] == "50.0"  # it crossed at 54 s from spawn: past its own cap
+    text = (tmp_path / "results.md").read_text()
+    assert "#### CartPole-v1: threshold 10, cap 100 s and 10,000 env steps" in text
+    assert "| sb3/dqn | 0/1 | not reached |" in text
+    note = ("Stopped sooner than this env's time cap (`--time-cap`), from spawn: sb3/dqn at 50 s; a run that did "
+            "not reach by then reads `not reached`.")
+    assert note in text
+    # Merged with an invocation on another env, the kept rows' env keeps its own cap, the highest of its rows.
+    write_race_results(Suite("race", "", (), race_envs=(acrobot,)), tmp_path,
+                       [fake_run(tmp_path / "b", "q-s0", [20.0] * 100, env="Acrobot-v1")], 5.0, merge=True)
+    text = (tmp_path / "results.md").read_text()
+    assert "#### CartPole-v1: threshold 10, cap 100 s and" in text and note in text
+    assert text.count("Stopped sooner") == 1  # Acrobot's runs ran to its cap
+
+
 # ---- the suite -----------------------------------------------------------------------------------------
+def test_a_time_cap_lowers_each_runs_cap_and_never_raises_it(tmp_path, monkeypatch):
+    monkeypatch.setenv(external.PEERS_DIR_ENV, str(tmp_path / "no-peers"))
+    envs = [RaceEnv("CartPole-v1", 475.0, 500_000, 600.0), RaceEnv("Acrobot-v1", -100.0, 1_000_000, 60.0)]
+    suite = race_suite((0,), envs=envs, time_cap_s=120.0)
+    caps = {(run.cfg.env.id, run.cfg.time_limit_s, run.race.time_limit_s) for run in suite.runs}
+    assert caps == {("CartPole-v1", 120.0, 120.0), ("Acrobot-v1", 60.0, 60.0)}  # the sooner of the two
+    assert [env.time_limit_s for env in suite.race_envs] == [600.0, 60.0]  # the envs' own, for the tables
+    for bad in (0.0, -5.0, math.nan, math.inf):
+        with pytest.raises(race.ConfigError, match="--time-cap .* is not a positive number of seconds"):
+            race_suite((0,), envs=envs, time_cap_s=bad)
+
+
 def test_suite_contenders_flags_and_variants(tmp_path, monkeypatch):
     monkeypatch.setenv(external.PEERS_DIR_ENV, str(tmp_path / "no-peers"))
     suite = race_suite(quick=True)
@@ -336,6 +378,15 @@ def test_cli_flags(capsys):
     assert "--full belongs to the race suite" in capsys.readouterr().err
     assert main(["bench", "--suite", "race", "--quick", "--full", "--list"]) == 2
     assert main(["bench", "--suite", "peers", "--quick"]) == 2
+    capsys.readouterr()
+    assert main(["bench", "--suite", "race", "--quick", "--list", "--only", "sb3-a2c", "--time-cap", "5"]) == 0
+    assert all(", 5 s cap," in line for line in capsys.readouterr().out.strip().splitlines())
+    for flags, named in ((["--suite", "quick", "--time-cap", "5"], "--time-cap belongs to the race suite"),
+                         (["--suite", "race", "--time-cap", "-1", "--list"], "not a positive number of seconds"),
+                         (["--suite", "race", "--rewrite", "--time-cap", "5"], "leave out --time-cap")):
+        assert main(["bench", *flags]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and named in err[0], err
 
 
 def test_peers_not_installed_are_skipped_rows(tmp_path, monkeypatch):

@@ -104,6 +104,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --suite learning: CartPole-v1 only, one seed unless --seeds; with --suite race: "
                              "CartPole-v1 and Acrobot-v1, seed 0, a 15 s cap per run")
     parser.add_argument("--full", action="store_true", help="with --suite race: Pong too (hours per run on a CPU)")
+    parser.add_argument("--time-cap", type=float, default=None, metavar="SECONDS",
+                        help="with --suite race: stop each run this many seconds from its spawn where that is "
+                        "sooner than its env's time cap: e.g. at twice the leader's time, where only whether a "
+                        "contender is that much slower matters; the tables say which rows ran under it")
     parser.add_argument("--out", type=Path, default=None, help="results folder (default: bench-results/SUITE)")
     parser.add_argument("--seeds", type=_parse_seeds, default=None, metavar="N,N",
                         help="seeds (default: 0; learning: 1,2,3, with --quick 1; race: 0,1,2, with --quick 0)")
@@ -134,15 +138,16 @@ def select_suite(args: argparse.Namespace) -> Suite:
                                                                  and args.budget_scale != 1.0):
         raise ConfigError("--quick and --budget-scale belong to the learning suite (--quick to the race suite too): "
                           "use them with --suite learning")
-    if args.suite != "race" and (args.full or args.merge):
-        raise ConfigError(f"{'--full' if args.full else '--merge'} belongs to the race suite: use it with --suite race")
+    if args.suite != "race" and (args.full or args.merge or args.time_cap is not None):
+        flag = "--full" if args.full else "--merge" if args.merge else "--time-cap"
+        raise ConfigError(f"{flag} belongs to the race suite: use it with --suite race")
     if args.suite == "race" and args.device:
         raise ConfigError("--device does not apply to the race: every contender runs with its own defaults")
     if args.suite == "learning":
         suite = learning_suite(args.seeds, quick=args.quick, budget_scale=args.budget_scale,
                                device=args.device or accelerator())
     elif args.suite == "race":
-        suite = race_suite(args.seeds, quick=args.quick, full=args.full)
+        suite = race_suite(args.seeds, quick=args.quick, full=args.full, time_cap_s=args.time_cap)
     else:
         suite = SUITES[args.suite](args.seeds or (0,))
     runs = suite.runs
@@ -168,7 +173,8 @@ def rewrite(args: argparse.Namespace) -> int:
         raise ConfigError("--rewrite belongs to the race suite: use it with --suite race")
     chosen = [flag for flag, value in (("--quick", args.quick), ("--full", args.full), ("--merge", args.merge),
                                        ("--seeds", args.seeds), ("--only", args.only), ("--envs", args.envs),
-                                       ("--archs", args.archs), ("--device", args.device), ("--list", args.list))
+                                       ("--archs", args.archs), ("--device", args.device), ("--list", args.list),
+                                       ("--time-cap", args.time_cap is not None))
               if value]
     if chosen:
         raise ConfigError(f"--rewrite runs nothing and keeps every row of --out: leave out {', '.join(chosen)}")

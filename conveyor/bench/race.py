@@ -166,16 +166,21 @@ def race_envs(quick: bool = False, full: bool = False) -> tuple[RaceEnv, ...]:
 
 
 def race_suite(seeds: Sequence[int] | None = None, *, quick: bool = False, full: bool = False,
-               envs: Sequence[RaceEnv] | None = None) -> Suite:
+               envs: Sequence[RaceEnv] | None = None, time_cap_s: float | None = None) -> Suite:
     """The race: every contender on every env of ``race_envs(quick, full)`` (or ``envs``), for each seed
-    (default 0, 1, 2; ``quick``: 0)."""
+    (default 0, 1, 2; ``quick``: 0). ``time_cap_s`` (``--time-cap``): each run stops at this many seconds from
+    spawn where that is sooner than its env's time cap."""
     from conveyor.bench.external import PEERS, skip_reason
 
     seeds = tuple(seeds or ((0,) if quick else DEFAULT_SEEDS))
     envs = tuple(envs) if envs is not None else race_envs(quick, full)
+    check_time_cap(time_cap_s)
     source_commit()  # the commit this invocation starts from, for invocations.csv
     runs: list[BenchRun] = []
-    for env in envs:
+    # The runs' caps; the suite's envs keep their own, so the tables can say which rows ran under a lower one.
+    capped = tuple(dataclasses.replace(env, time_limit_s=min(env.time_limit_s, time_cap_s or math.inf))
+                   for env in envs)
+    for env in capped:
         missing = env.package and importlib.util.find_spec(env.package) is None
         env_skip = f"{env.package} is not installed (pip install {env.package})" if missing else ""
         continuous = is_continuous(env.id)
@@ -201,6 +206,11 @@ def race_suite(seeds: Sequence[int] | None = None, *, quick: bool = False, full:
                                      race=env.goal()))
     name = "race-quick" if quick else "race-full" if full else "race"
     return Suite(name, race_description(envs, seeds), tuple(runs), race_envs=envs)
+
+
+def check_time_cap(time_cap_s: float | None) -> None:
+    if time_cap_s is not None and not (math.isfinite(time_cap_s) and time_cap_s > 0):
+        raise ConfigError(f"--time-cap {time_cap_s:g} is not a positive number of seconds: pass e.g. --time-cap 600")
 
 
 def race_description(envs: Sequence[RaceEnv], seeds: Sequence[int]) -> str:
@@ -297,14 +307,17 @@ def contender_label(row: dict[str, Any]) -> str:
 
 def race_row(row: dict[str, Any], goal: RaceGoal) -> dict[str, Any]:
     """A bench results row (``report.result_row``) with its race result: reached, time and steps to the
-    threshold from spawn, start-up, and how the run ended."""
+    threshold from spawn, start-up, and how the run ended. The goal is the one the run's spec records (a
+    ``--time-cap`` run's lower cap), else ``goal``, its env's."""
     from conveyor.returns_file import read_returns
 
     run_dir = Path(row["run_dir"])
     clock = _read_json(run_dir / CLOCK_FILE)
     summary = _read_json(run_dir / "summary.json")
+    spec = _read_json(run_dir / SPEC_FILE)
+    goal = RaceGoal(**spec["race"]) if spec.get("race") else goal
     startup = clock.get("startup_s")
-    speed = _read_json(run_dir / SPEC_FILE).get("machine_speed")  # None for runs from before machine_speed.py
+    speed = spec.get("machine_speed")  # None for runs from before machine_speed.py
     crossing = Crossing(False, None, None)
     if startup is not None and row["status"] == "ok":
         try:
@@ -375,7 +388,7 @@ def summarize(rows: Sequence[dict[str, Any]], settings: dict[tuple[str, str], st
             "env": key[0], "contender": key[1], "framework": first["framework"],
             "settings": settings.get(key) or first["settings"], "seeds": len(group), "seeds_ok": len(ok),
             "seeds_reached": sum(bool(row["reached"]) for row in ok), "threshold": first["threshold"],
-            "cap_time_s": first["cap_time_s"], "cap_steps": first["cap_steps"],
+            "cap_time_s": min(row["cap_time_s"] for row in group), "cap_steps": first["cap_steps"],
             "time_median_s": times and times[0], "time_min_s": times and times[1], "time_max_s": times and times[2],
             "steps_median": steps and steps[0], "steps_min": steps and steps[1], "steps_max": steps and steps[2],
             "startup_median_s": float(np.median(startups)) if startups else None,
@@ -470,6 +483,17 @@ def speed_note(results: Sequence[dict[str, Any]]) -> str:
         notes.append(f"The machine's speed was not recorded for runs of {', '.join(unknown)} (from before the race "
                      "recorded it).")
     return " ".join(notes)
+
+
+def cap_note(env: RaceEnv, results: Sequence[dict[str, Any]]) -> str:
+    """Under an env's table (``results``: its ``summarize`` lines): which contenders' runs were stopped sooner
+    than the env's time cap (``--time-cap``); "" when none were."""
+    lower = [f"{r['contender']} at {r['cap_time_s']:,.0f} s" for r in results
+             if r["seeds_ok"] and r["cap_time_s"] is not None and r["cap_time_s"] < env.time_limit_s]
+    if not lower:
+        return ""
+    return (f"Stopped sooner than this env's time cap (`--time-cap`), from spawn: {', '.join(lower)}; a run that "
+            "did not reach by then reads `not reached`.")
 
 
 def plot_race(env: RaceEnv, results: Sequence[dict[str, Any]], out_dir: Path) -> Path | None:
@@ -613,7 +637,7 @@ def race_report(suite: Suite, results: Sequence[dict[str, Any]], runs: int, elap
             continue
         lines += ["", f"#### {env.id}: threshold {env.threshold:g}, cap {env.time_limit_s:,.0f} s and "
                       f"{env.max_steps:,} env steps", "", *race_table(env, env_results)]
-        if note := speed_note(env_results):
+        if note := " ".join(filter(None, (cap_note(env, env_results), speed_note(env_results)))):
             lines += ["", note]
         from conveyor.plots import file_safe
 
@@ -648,8 +672,13 @@ def merged_rows(out: Path, suite: Suite, raced: list[dict[str, Any]]) -> tuple[S
     and seed), in ``RACE_ENVS``' order of envs; ``suite`` made to describe them all; how many rows were kept."""
     new = {(row["env"], row["contender"], row["seed"]) for row in raced}
     kept = [row for row in read_race_csv(out / RACE_CSV) if (row["env"], row["contender"], row["seed"]) not in new]
-    # An env of the earlier rows as they were raced (their threshold and caps), unless this invocation races it.
-    known = {row["env"]: RaceEnv(row["env"], row["threshold"], row["cap_steps"], row["cap_time_s"]) for row in kept}
+    # An env of the earlier rows as they were raced (their threshold and caps: the highest, as rows stopped
+    # sooner by --time-cap keep theirs), unless this invocation races it.
+    known = {}
+    for env_id in dict.fromkeys(row["env"] for row in kept):
+        group = [row for row in kept if row["env"] == env_id]
+        known[env_id] = RaceEnv(env_id, group[0]["threshold"], max(row["cap_steps"] for row in group),
+                                max(row["cap_time_s"] for row in group))
     known.update((env.id, env) for env in suite.race_envs)
     ids = dict.fromkeys(row["env"] for row in (*kept, *raced))
     envs = tuple(known[env_id] for env_id in dict.fromkeys([*(e.id for e in RACE_ENVS), *ids]) if env_id in ids)
