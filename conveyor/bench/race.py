@@ -3,8 +3,9 @@
 Every contender races on each env (``RACE_ENVS``) until the mean return of
 its last 100 training episodes reaches the env's threshold, counting only
 once 100 episodes exist (as ``conveyor train --target-return`` stops), or
-until a cap (env steps, wall time). Contenders, each with its own defaults or
-published tuned settings and nothing else:
+until a cap (env steps, wall time; ``--time-cap`` stops an invocation's runs
+sooner, and each row keeps the cap it ran under). Contenders, each with its
+own defaults or published tuned settings and nothing else:
 
 * every conveyor architecture/algorithm that applies to the env
   (``CONVEYOR_CONTENDERS``; GA3C and R2D2 on discrete actions only), built
