@@ -109,14 +109,36 @@ def test_a_link_at_the_lock_is_refused_and_its_target_kept(tmp_path, capsys):
     assert victim.read_text() == "precious"
 
 
+@pytest.fixture
+def start_trainer():
+    """Starts ``conveyor train FLAGS`` in a session of its own (as from a terminal of its own: SIGHUP to its
+    group). Whatever a session still holds when the test ends, a failed test's trainer above all, is killed then:
+    a trainer left running would fail every later test of this pytest worker that counts its children."""
+    started: list[subprocess.Popen] = []
+
+    def start(*flags: str) -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, "-m", "conveyor.cli", "train", *flags], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        for pid in in_session(proc.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass  # it exited while we looked
+        proc.communicate()
+
+
 # ---- row 2: SIGHUP ------------------------------------------------------------------------------------------
-def hang_up(arch: str, algo: str, out: Path) -> tuple[subprocess.CompletedProcess, list[int]]:
+def hang_up(start_trainer, arch: str, algo: str, out: Path) -> tuple[subprocess.CompletedProcess, list[int]]:
     """Start a run in its own session, wait until it logs, then SIGHUP its whole process group (as a closed
     terminal does); returns how it ended and its worker processes."""
-    proc = subprocess.Popen([sys.executable, "-m", "conveyor.cli", "train", "--out", str(out), "--no-progress",
-                             "--arch", arch, "--algo", algo, "--log-interval-s", "0.5", "--env-backend", "shm",
-                             "--total-steps", "100000000", "--target-return", "inf", "--torch-threads", "1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = start_trainer("--out", str(out), "--no-progress", "--arch", arch, "--algo", algo, "--log-interval-s", "0.5",
+                         "--env-backend", "shm", "--total-steps", "100000000", "--target-return", "inf",
+                         "--torch-threads", "1")
     deadline = time.monotonic() + 120
     while not (out / "metrics.csv").exists() or (out / "metrics.csv").read_text().count("\n") < 2:
         assert proc.poll() is None, proc.stderr.read()
@@ -141,17 +163,17 @@ def assert_saved_and_no_orphans(result: subprocess.CompletedProcess, out: Path, 
     assert not [pid for pid in workers if alive(pid)], "a worker process outlived the run"
 
 
-def test_sighup_to_the_process_group_saves_a_paac_run(tmp_path):
+def test_sighup_to_the_process_group_saves_a_paac_run(tmp_path, start_trainer):
     out = tmp_path / "run"
-    result, workers = hang_up("paac", "a2c", out)
+    result, workers = hang_up(start_trainer, "paac", "a2c", out)
     assert_saved_and_no_orphans(result, out, workers)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arch, algo", [("seed", "vtrace"), ("impact", "impact"), ("ga3c", "ga3c"), ("hts", "a2c")])
-def test_sighup_to_the_process_group_saves_every_architecture(tmp_path, arch, algo):
+def test_sighup_to_the_process_group_saves_every_architecture(tmp_path, start_trainer, arch, algo):
     out = tmp_path / "run"
-    result, workers = hang_up(arch, algo, out)
+    result, workers = hang_up(start_trainer, arch, algo, out)
     assert_saved_and_no_orphans(result, out, workers)
 
 
@@ -161,12 +183,6 @@ def test_sighup_to_the_process_group_saves_every_architecture(tmp_path, arch, al
 SOAK = ["--env", "CartPole-v1", "--num-envs", "4", "--num-workers", "2", "--env-backend", "shm", "--unroll", "5",
         "--checkpoint-every", "1000", "--keep-checkpoints", "3", "--log-interval-s", "0.5", "--torch-threads", "1",
         "--no-progress", "--target-return", "inf"]
-
-
-def start_trainer(*flags: str) -> subprocess.Popen:
-    """``conveyor train FLAGS`` in a session of its own (as from a terminal of its own: SIGHUP to its group)."""
-    return subprocess.Popen([sys.executable, "-m", "conveyor.cli", "train", *flags], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
 def in_session(session: int) -> list[int]:
@@ -188,11 +204,13 @@ def metric_steps(out: Path) -> list[int]:
 
 
 @pytest.mark.slow
-def test_soak_a_racing_trainer_a_hang_up_and_a_resume_lose_nothing_and_leave_no_process(tmp_path):
+def test_soak_a_racing_trainer_a_hang_up_and_a_resume_lose_nothing_and_leave_no_process(tmp_path, start_trainer):
     out = tmp_path / "run"
     a = start_trainer(*SOAK, "--out", str(out), "--total-steps", "100000000")
     deadline = time.monotonic() + 180
-    while not list(out.glob("checkpoints/ckpt-*.pt")) or len(metric_steps(out)) < 2:
+    # A checkpoint can land before the first metrics row (every 1000 steps against every 0.5 s): wait for both.
+    while (not list(out.glob("checkpoints/ckpt-*.pt")) or not (out / "metrics.csv").exists()
+           or len(metric_steps(out)) < 2):
         assert a.poll() is None, a.communicate()[1]
         assert time.monotonic() < deadline, "trainer A never logged or checkpointed"
         time.sleep(0.2)
