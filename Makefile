@@ -50,7 +50,7 @@ bench-deps: venv
 	$(BIN)/pip install --quiet --no-deps -c constraints.txt rl_zoo3
 
 # The race's outside peers, each in a venv of its own with this torch: .peers/sample-factory (gymnasium 0.29,
-# numpy 1.26) and .peers/cleanrl (cleanrl 1.2.0's scripts, gym 0.23.1, gymnasium 0.28.1).
+# numpy 1.26) and .peers/cleanrl (cleanrl 1.2.0's scripts, gym 0.23.1, gymnasium 0.28.1, SB3 1.2.0, ale-py 0.8.1).
 peers: bench-deps
 	$(BIN)/python -m conveyor.bench.external build
 

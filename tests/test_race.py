@@ -7,6 +7,7 @@ import dataclasses
 import importlib.util
 import json
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -540,6 +541,43 @@ def test_cleanrl_wrapper_reads_a_one_element_array_return():
     assert watch.rows[0][::2] == (1, -123.5) and counter.steps == 1
 
 
+def test_cleanrl_counts_agent_steps_above_a_frame_skip_and_stamps_episodes_with_them():
+    """ppo_atari's chain: the statistics wrapper sits on the raw frames and only reports episodes; the skip
+    wrapper above it counts agent steps, and an episode that ended inside an agent step is stamped with it."""
+    import gymnasium as gym
+
+    runner = load_cleanrl_runner()
+
+    class SkipThree(gym.Wrapper):  # stands for SB3's MaxAndSkipEnv: 3 inner steps, fewer at an episode's end
+        def step(self, action):
+            reward = 0.0
+            for _ in range(3):
+                observation, r, terminated, truncated, info = self.env.step(action)
+                reward += r
+                if terminated or truncated:
+                    break
+            return observation, reward, terminated, truncated, info
+
+    watch = runner.RaceWatch(1e9, 100, 10**9, math.inf, started_unix=0.0, run_start_unix=0.0)
+    counter = runner.StepCounter(watch)
+    frames = runner.watched_statistics(gym.wrappers.RecordEpisodeStatistics, counter, counts_steps=False)(
+        gym.make("CartPole-v1"))
+    env = runner.counted_steps(SkipThree, counter)(frames)
+    env.reset(seed=0)
+    agent_steps, ends = 0, []
+    while len(ends) < 4:
+        _, _, terminated, truncated, _ = env.step(env.action_space.sample())
+        agent_steps += 1
+        if terminated or truncated:
+            ends.append(agent_steps)
+            env.reset()
+    assert counter.steps == agent_steps  # agent steps, not frames
+    assert [steps for steps, _, _ in watch.rows] == ends
+    # each return is its episode's frames (CartPole pays 1 a frame): 3 an agent step, 1 to 3 in the last one
+    for (_, _, value), length in zip(watch.rows, np.diff([0, *ends])):
+        assert 3 * (length - 1) + 1 <= value <= 3 * length
+
+
 def test_cleanrl_recipes_and_skips(tmp_path, monkeypatch):
     monkeypatch.setenv(external.PEERS_DIR_ENV, str(tmp_path))
     assert "MinAtar's ids are gymnasium's" in external.skip_reason("cleanrl", "MinAtar/Breakout-v1")
@@ -551,6 +589,8 @@ def test_cleanrl_recipes_and_skips(tmp_path, monkeypatch):
     command, result, text = external.runner_command("cleanrl", "Pendulum-v1")
     assert command[:2] == [str(python), "-I"] and command[-2:] == ["--script", "ppo_continuous_action"]
     assert result == "cleanrl_result.json" and "ppo_continuous_action.py as published" in text
+    command, _, text = external.runner_command("cleanrl", "ALE/Pong-v5")
+    assert command[-2:] == ["--script", "ppo_atari"] and "ppo_atari.py as published" in text
 
 
 # ---- end to end ----------------------------------------------------------------------------------------
@@ -601,6 +641,61 @@ def test_an_sb3_race_run_stopped_by_sigterm_writes_its_summary_and_returns(tmp_p
     assert summary["stop_reason"] == "signal SIGTERM" and summary["framework"] == "stable-baselines3"
     returns = (tmp_path / "returns.csv").read_text().splitlines()
     assert summary["episodes"] >= 5 and len(returns) == summary["episodes"] + 1  # a header, then every episode
+
+
+PPO_ATARI_CHAIN = """
+import json, math, sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+import cleanrl_runner as runner
+import gym
+from stable_baselines3.common import atari_wrappers
+
+watch = runner.RaceWatch(1e9, 100, 10**9, math.inf, started_unix=0.0, run_start_unix=0.0)
+counter = runner.StepCounter(watch)
+gym.wrappers.RecordEpisodeStatistics = runner.watched_statistics(
+    gym.wrappers.RecordEpisodeStatistics, counter, counts_steps=False)
+atari_wrappers.MaxAndSkipEnv = runner.counted_steps(atari_wrappers.MaxAndSkipEnv, counter)
+gym.make = runner.old_api_make(gym)
+from cleanrl.ppo_atari import make_env  # after the patches, as the runner runs the script
+
+env = make_env("ALE/Pong-v5", 3, 0, False, "test")()
+first = np.array(env.reset())
+after_reset = counter.steps
+steps, clipped, done = 0, 0.0, False
+while not done:
+    observation, reward, done, info = env.step(env.action_space.sample())
+    steps, clipped = steps + 1, clipped + reward
+counted = counter.steps
+again = make_env("ALE/Pong-v5", 3, 0, False, "test")()
+print(json.dumps({"shape": list(np.array(observation).shape), "steps": steps, "after_reset": after_reset,
+                  "counted": counted, "rows": watch.rows, "clipped": clipped,
+                  "frameskip": env.unwrapped._frameskip,
+                  "sticky": float(env.unwrapped.ale.getFloat("repeat_action_probability")),
+                  "same_start": bool(np.array_equal(np.array(again.reset()), first))}))
+"""
+
+
+@pytest.mark.slow
+def test_cleanrl_ppo_atari_gets_pong_in_gym_023s_api_and_counts_its_agent_steps():
+    """In CleanRL's venv, ppo_atari.py's own env chain (its make_env, SB3 1.2.0's wrappers) on the runner's
+    ``gym.make``: ale-py 0.8.1's Pong in gym 0.23's step API, sticky actions kept and the frames skipped once (by
+    MaxAndSkipEnv), one agent step counted per skip (FireResetEnv's two at a reset included), the episode's raw
+    return at the step it ended, and a seed that reproduces the start."""
+    reason = external.skip_reason("cleanrl", "ALE/Pong-v5")
+    if reason:
+        pytest.skip(reason)
+    env = {"ALE_PY_ROM_DIR": str(external.conveyor_rom_dir()), "PATH": os.environ["PATH"]}
+    done = subprocess.run([str(external.CLEANRL.python()), "-I", "-W", "ignore", "-c", PPO_ATARI_CHAIN,
+                           str(external.RUNNERS)], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["shape"] == [4, 84, 84] and seen["frameskip"] == 1 and seen["sticky"] == 0.25
+    assert seen["after_reset"] == 2  # FireResetEnv's FIRE and RIGHT
+    assert seen["counted"] == seen["after_reset"] + seen["steps"]
+    (row,) = seen["rows"]
+    assert row[0] == seen["counted"] and row[2] == seen["clipped"] <= -1  # Pong's points are +-1: unclipped
+    assert seen["same_start"]
 
 
 @pytest.mark.slow

@@ -11,7 +11,9 @@ pinned requirements:
 * CleanRL 1.2.0, its last PyPI release, carries the single-file scripts (``cleanrl/ppo.py``, ...) but declares
   Python < 3.11 only because of its Poetry lock; it goes in with ``--no-deps --ignore-requires-python`` beside
   what its PPO scripts import: gym 0.23.1 for ``ppo.py``, gymnasium 0.28.1 for ``ppo_continuous_action.py``,
-  tensorboard (``CLEANRL``).
+  tensorboard, and for ``ppo_atari.py`` stable-baselines3 1.2.0 (the version CleanRL 1.2.0's lock pins: its
+  Atari wrappers speak gym 0.23), opencv and ale-py 0.8.1, the oldest ALE with wheels for this Python (ROMs as
+  for Sample Factory; its runner hands the env to the script in gym 0.23's step API) (``CLEANRL``).
 
 Each peer is one ``ExternalPeer`` of ``PEERS``: its venv's requirements, its runner, and which of its published
 settings (its recipes) each env gets.
@@ -107,20 +109,28 @@ SAMPLE_FACTORY = ExternalPeer(
 CLEANRL_VERSION = "1.2.0"
 CLEANRL = ExternalPeer(
     framework="cleanrl", label="CleanRL", algo="ppo",
-    # gym 0.23's classic-control envs import pygame, whose pinned 2.1.0 has no wheel for Python 3.11
-    requirements=("gym==0.23.1", "gymnasium==0.28.1", "numpy==1.26.4", "pygame==2.6.1", "tensorboard==2.21.0"),
-    no_deps=(f"cleanrl=={CLEANRL_VERSION}",), imports="gym, gymnasium, tensorboard, cleanrl.ppo",
+    # gym 0.23's classic-control envs import pygame, whose pinned 2.1.0 has no wheel for Python 3.11; SB3 1.2.0
+    # needs pandas and matplotlib, pinned here to the last releases for numpy 1.26
+    requirements=("gym==0.23.1", "gymnasium==0.28.1", "numpy==1.26.4", "pygame==2.6.1", "tensorboard==2.21.0",
+                  "stable-baselines3==1.2.0", "ale-py==0.8.1", "opencv-python-headless==4.10.0.84",
+                  "pandas==2.2.3", "matplotlib==3.9.4"),
+    no_deps=(f"cleanrl=={CLEANRL_VERSION}",),
+    imports="gym, gymnasium, tensorboard, cv2, ale_py, stable_baselines3.common.atari_wrappers, cleanrl.ppo",
     runner="cleanrl_runner.py", recipe_flag="--script", result_name="cleanrl_result.json",
     recipes={
         "CartPole-v1": "ppo",  # ppo.py's defaults are its CartPole-v1 settings (500k steps)
         "Acrobot-v1": "ppo",  # CleanRL's benchmark runs ppo.py on Acrobot-v1 with the same defaults
         "Pendulum-v1": "ppo_continuous_action",  # its defaults are its MuJoCo settings (none for Pendulum itself)
+        "ALE/Pong-v5": "ppo_atari",  # its defaults are its Atari settings (its benchmark runs them on Pong)
     },
     recipe_text={
         "ppo": (f"CleanRL {CLEANRL_VERSION} cleanrl/ppo.py as published, its defaults (4 envs x 128 steps, 500k "
                 "steps)"),
         "ppo_continuous_action": (f"CleanRL {CLEANRL_VERSION} cleanrl/ppo_continuous_action.py as published, its "
                                   "defaults (its MuJoCo settings: 1 env x 2048 steps, 1M steps)"),
+        "ppo_atari": (f"CleanRL {CLEANRL_VERSION} cleanrl/ppo_atari.py as published, its defaults (8 envs x 128 "
+                      "steps, 10M steps) and SB3 1.2.0's Atari wrappers; v5 sticky actions, frameskip 4 in its "
+                      "wrapper"),
     },
     minatar_reason=(": ppo.py makes gym 0.23 envs and feeds its MLP flat observations, MinAtar's ids are "
                     "gymnasium's and its states 10x10xC"))
