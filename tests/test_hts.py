@@ -351,7 +351,7 @@ def test_hts_ppo_learns_step_time(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(3600)  # 10 runs to 475 each: measured 2.5 (A2C) and 4.5 (PPO) minutes beside other work
+@pytest.mark.timeout(3600)  # 10 runs to 475 each: measured 2.5 (A2C) and 3.3 (PPO) minutes beside another slow test
 @pytest.mark.parametrize("algo, slack, seeds", [("a2c", 1.25, 5), ("ppo", 2.25, 5)])
 def test_hts_reaches_the_cartpole_threshold_in_about_as_many_steps_as_paac(tmp_path, algo, slack, seeds):
     """Same model, loss, settings and batch, so that only the architecture differs: A2C at 16 envs x 5 steps and
