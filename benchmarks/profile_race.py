@@ -177,7 +177,9 @@ def main() -> int:
             print(f"profile_race: py-spy or the run failed ({done.returncode}): "
                   f"{(done.stderr or done.stdout).strip().splitlines()[-1:]}", file=sys.stderr)
             return 1
-        stacks = parse_raw(raw.read_text())
+        # py-spy's raw output held a byte that is not UTF-8 in one of four runs (2026-12-06): it becomes U+FFFD
+        # in the frame it sits in, rather than the whole profile being lost.
+        stacks = parse_raw(raw.read_text(errors="replace"))
         split = time_split(run_dir)
     header = [f"profile of `{' '.join(train)}` under py-spy {args.rate} Hz (--subprocesses, CPU samples only)",
               f"date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; machine: "
