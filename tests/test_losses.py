@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conveyor.losses import (
-    ga3c_entropy, ga3c_policy_loss, impact_ratio, masked_mean, normalize_advantages,
+    categorical_actor_critic_loss, ga3c_entropy, ga3c_policy_loss, impact_ratio, masked_mean, normalize_advantages,
     policy_gradient_loss, ppo_clip_loss, r2d2_targets, sequence_priorities, value_loss,
 )
 
@@ -95,6 +95,123 @@ def test_value_loss_value_and_gradient():
     assert torch.autograd.gradcheck(lambda v: value_loss(v, targets.detach()), (values.detach().requires_grad_(),))
     # hand-computed: 0.5 * mean((1 - 3)^2, (2 - 2)^2) = 0.5 * 2 = 1
     assert value_loss(t([1.0, 2.0]), t([3.0, 2.0])).item() == 1.0
+
+
+# ---------------------------------------------------------------- the categorical actor-critic loss in one op
+
+def actor_critic_case(seed, T=5, B=3, A=4):
+    """Logits and values (leaves that take gradients), int64 actions and returns ``[T, B]``, float64."""
+    rng = np.random.default_rng(seed)
+    logits = t(rng.normal(size=(T, B, A)) * 2).requires_grad_()
+    values = t(rng.normal(size=(T, B))).requires_grad_()
+    actions = torch.as_tensor(rng.integers(0, A, size=(T, B)))
+    return logits, values, actions, t(rng.normal(size=(T, B)))
+
+
+def actor_critic_by_terms(logits, values, actions, returns, value_coef, entropy_coef, mask=None):
+    """The same loss composed of the single terms, through autograd."""
+    logp = torch.log_softmax(logits, -1)
+    logp_taken = logp.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    return (policy_gradient_loss(logp_taken, returns - values, mask) + value_coef * value_loss(values, returns, mask)
+            - entropy_coef * masked_mean(entropy, mask))
+
+
+@pytest.mark.parametrize("value_coef,entropy_coef", [(0.5, 0.01), (0.25, 0.0), (1.0, 0.3)])
+def test_categorical_actor_critic_loss_matches_a_loop_and_the_terms_gradients(value_coef, entropy_coef):
+    logits, values, actions, returns = actor_critic_case(0)
+    loss, terms = categorical_actor_critic_loss(logits, values, actions, returns, value_coef, entropy_coef)
+    policy, value, entropy, advantage = [], [], [], []
+    for i in range(5):
+        for j in range(3):
+            row = logits[i, j].detach().numpy()
+            logp = row - row.max() - np.log(np.exp(row - row.max()).sum())
+            a = returns[i, j].item() - values[i, j].item()
+            policy.append(-logp[actions[i, j]] * a)
+            value.append(0.5 * a * a)
+            entropy.append(-(np.exp(logp) * logp).sum())
+            advantage.append(a)
+    expected = [np.mean(policy), np.mean(value), np.mean(entropy), np.mean(advantage)]
+    np.testing.assert_allclose(terms.numpy(), expected, rtol=1e-12)
+    assert loss.item() == pytest.approx(expected[0] + value_coef * expected[1] - entropy_coef * expected[2],
+                                        rel=1e-12)
+    assert not terms.requires_grad
+    grads = torch.autograd.grad(loss, (logits, values))
+    by_terms = torch.autograd.grad(actor_critic_by_terms(logits, values, actions, returns, value_coef, entropy_coef),
+                                   (logits, values))
+    for grad, expected_grad in zip(grads, by_terms):
+        torch.testing.assert_close(grad, expected_grad, rtol=1e-12, atol=1e-15)
+    # by finite differences in the logits (in the values the policy term's advantage is a constant, as in
+    # ``policy_gradient_loss``: the comparison above holds that gradient)
+    assert torch.autograd.gradcheck(
+        lambda lg: categorical_actor_critic_loss(lg, values.detach(), actions, returns, value_coef, entropy_coef)[0],
+        (logits.detach().requires_grad_(),))
+
+
+def test_categorical_actor_critic_loss_scales_its_gradient_by_the_incoming_one_and_detaches_the_returns():
+    logits, values, actions, returns = actor_critic_case(1)
+    returns.requires_grad_()
+    loss, _ = categorical_actor_critic_loss(logits, values, actions, returns, 0.5, 0.01)
+    (3.0 * loss).backward()
+    assert returns.grad is None  # the returns are targets
+    once = torch.autograd.grad(categorical_actor_critic_loss(logits, values, actions, returns, 0.5, 0.01)[0],
+                               (logits, values))
+    torch.testing.assert_close(logits.grad, 3.0 * once[0], rtol=1e-12, atol=0)
+    torch.testing.assert_close(values.grad, 3.0 * once[1], rtol=1e-12, atol=0)
+
+
+def test_masked_categorical_actor_critic_loss_is_the_loss_of_the_kept_elements_alone():
+    """NaN in a masked element (logits, value, return) reaches neither the loss nor any gradient; the kept
+    elements get the gradients of the loss on them alone."""
+    logits, values, actions, returns = actor_critic_case(2, T=6, B=4)
+    mask = torch.as_tensor(np.random.default_rng(3).random((6, 4)) < 0.5)
+    mask[0, 0] = True
+    poisoned_logits = logits.detach().masked_fill(~mask.unsqueeze(-1), float("nan")).requires_grad_()
+    poisoned_values = values.detach().masked_fill(~mask, float("nan")).requires_grad_()
+    loss, terms = categorical_actor_critic_loss(poisoned_logits, poisoned_values, actions,
+                                                returns.masked_fill(~mask, float("nan")), 0.5, 0.1, mask)
+    kept_loss, kept_terms = categorical_actor_critic_loss(logits[mask].unsqueeze(1), values[mask].unsqueeze(1),
+                                                          actions[mask].unsqueeze(1), returns[mask].unsqueeze(1),
+                                                          0.5, 0.1)
+    torch.testing.assert_close(terms, kept_terms, rtol=1e-12, atol=1e-15)
+    loss.backward()
+    kept_loss.backward()
+    assert (poisoned_logits.grad[~mask] == 0).all() and (poisoned_values.grad[~mask] == 0).all()
+    torch.testing.assert_close(poisoned_logits.grad[mask], logits.grad[mask], rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(poisoned_values.grad[mask], values.grad[mask], rtol=1e-12, atol=1e-15)
+    assert torch.autograd.gradcheck(
+        lambda lg: categorical_actor_critic_loss(lg, values.detach(), actions, returns, 0.5, 0.1, mask)[0],
+        (logits.detach().requires_grad_(),))
+    nothing = torch.zeros(6, 4, dtype=torch.bool)
+    lg, v = logits.detach().requires_grad_(), values.detach().requires_grad_()
+    loss, terms = categorical_actor_critic_loss(lg, v, actions, returns, 0.5, 0.1, nothing)
+    loss.backward()
+    assert loss.item() == 0.0 and (terms == 0).all() and (lg.grad == 0).all() and (v.grad == 0).all()
+
+
+def test_categorical_actor_critic_loss_with_an_all_true_mask_equals_no_mask_to_the_bit():
+    logits, values, actions, returns = actor_critic_case(4, T=5, B=16, A=2)
+    logits, values, returns = (x.detach().float().requires_grad_(x.requires_grad) for x in (logits, values, returns))
+    results = []
+    for mask in (None, torch.ones(5, 16, dtype=torch.bool)):
+        loss, terms = categorical_actor_critic_loss(logits, values, actions, returns, 0.5, 0.01, mask)
+        results.append((loss, terms, *torch.autograd.grad(loss, (logits, values))))
+    for unmasked, masked in zip(*results):
+        assert unmasked.dtype == torch.float32 and torch.equal(unmasked, masked)
+
+
+def test_categorical_actor_critic_loss_refuses_wrong_shapes_and_dtypes():
+    logits, values, actions, returns = actor_critic_case(5)
+    for call in (lambda: categorical_actor_critic_loss(logits, values[:4], actions, returns, 0.5, 0.0),
+                 lambda: categorical_actor_critic_loss(logits[:, :2], values, actions, returns, 0.5, 0.0),
+                 lambda: categorical_actor_critic_loss(logits, values, actions, returns[:, :2], 0.5, 0.0),
+                 lambda: categorical_actor_critic_loss(logits, values, actions, returns, 0.5, 0.0, returns[:4] > 0)):
+        with pytest.raises(ValueError, match="shape"):
+            call()
+    with pytest.raises(ValueError, match="integers"):
+        categorical_actor_critic_loss(logits, values, actions.double(), returns, 0.5, 0.0)
+    with pytest.raises(ValueError, match="bool"):
+        categorical_actor_critic_loss(logits, values, actions, returns, 0.5, 0.0, returns)
 
 
 def test_value_loss_in_standardized_units_against_a_loop():

@@ -2,7 +2,9 @@
 
 ``loss = pg + value_coef * value - entropy_coef * entropy`` with
 ``G_t = r_t + d_t G_{t+1}`` bootstrapped from V(s_T) and advantages ``G_t - V(s_t)``.
-Means run over ``batch["valid"]`` when the batch has it (steps a dead worker lost are false).
+Means run over ``batch["valid"]`` when the batch has it (steps a dead worker lost are false). A categorical
+policy's loss is one op with its gradient written out (``losses.categorical_actor_critic_loss``: the same
+numbers, a fraction of the autograd nodes); a Gaussian's is built from the terms.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from torch import Tensor
 
 from conveyor.algos import LossFn, actor_critic_total, batch_series, rollout_length, term_graph
 from conveyor.config import RunCfg
-from conveyor.losses import masked_mean, policy_gradient_loss, value_loss
+from conveyor.losses import categorical_actor_critic_loss, masked_mean, policy_gradient_loss, value_loss
 from conveyor.models.heads import ModelOut
 from conveyor.returns import nstep_returns
 
@@ -25,8 +27,14 @@ def make_loss(cfg: RunCfg) -> LossFn:
         acting = model_out.time_slice(0, T)
         returns = nstep_returns(batch_series(batch, "rewards", values), batch_series(batch, "discounts", values),
                                 values[T].detach())
-        advantages = returns - acting.value  # values[:T], sliced once for both terms: one node less to backprop
         valid = batch.get("valid")
+        if model_out.policy.discrete:
+            loss, terms = categorical_actor_critic_loss(acting.params, acting.value, batch["actions"], returns,
+                                                        algo.value_coef, algo.entropy_coef, valid)
+            policy, value, entropy, advantage_mean = terms.unbind()
+            return loss, {"loss": loss.detach(), "policy_loss": policy, "value_loss": value, "entropy": entropy,
+                          "advantage_mean": advantage_mean}
+        advantages = returns - acting.value  # values[:T], sliced once for both terms: one node less to backprop
         logp, entropies = acting.log_prob_and_entropy(batch["actions"])
         policy = policy_gradient_loss(logp, advantages, valid)
         value = value_loss(acting.value, returns, valid)
