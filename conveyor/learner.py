@@ -39,7 +39,7 @@ from torch import Tensor, nn
 from conveyor.acting import forward_unrolls
 from conveyor.config import RunCfg
 from conveyor.errors import CheckpointError, RunFailure
-from conveyor.optim import Adam, Optimizer, RMSprop, clip_grad_norm
+from conveyor.optim import Adam, Optimizer, RMSprop
 from conveyor.files import atomic_write
 from conveyor.storage.rollout import env_columns, step_samples
 
@@ -116,7 +116,10 @@ class Learner:
         attached), loss and backward into ``.grad`` (no optimizer step); returns metrics and grad norm.
         Data-parallel, ``.grad`` becomes the gradient over every rank's part of the batch before it is clipped
         (a rank that holds no step of a minibatch computes no loss and adds nothing)."""
-        self.optimizer.zero_grad(set_to_none=True)
+        # zeroed in place: the optimizer's gradient buffer stays each parameter's .grad, and the backward adds into
+        # it (torch's set_to_none=False: a parameter that gets no gradient is stepped with zero; every parameter
+        # of conveyor's models gets one)
+        self.optimizer.zero_grad(set_to_none=False)
         share = self.data_parallel
         weight = 1 if share is None else share.weight(batch)
         if weight:
@@ -126,7 +129,7 @@ class Learner:
             loss, metrics = torch.zeros(()), {}
         if share is not None:
             share.average_gradients(self.parameters, weight, math.isfinite(float(loss.detach())))
-        norm = clip_grad_norm(self.parameters, self.max_grad_norm or None)
+        norm = self.optimizer.clip_grad_norm(self.max_grad_norm or None)
         names = [k for k, v in metrics.items() if v.dim() == 0]
         with torch.no_grad():  # one copy to Python floats, not one per metric (each a dispatched op, or a GPU sync)
             numbers = torch.stack([*(metrics[k] for k in names), loss,
