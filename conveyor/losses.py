@@ -11,6 +11,7 @@ hold anything, NaN included.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -122,6 +123,16 @@ def categorical_actor_critic_loss(logits: Tensor, values: Tensor, actions: Tenso
     return _CategoricalActorCritic.apply(logits, values, actions, returns.detach(), mask, value_coef, entropy_coef)
 
 
+@functools.lru_cache(maxsize=16)
+def _terms_matrix(value_coef: float, entropy_coef: float, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """``[4, 5]``: from the means of ``logp_taken * A``, ``A^2``, ``-H`` and ``A``, the terms policy loss, value loss,
+    entropy and mean advantage, and the loss, in one product (made once: a tensor from a list costs a few ops)."""
+    return torch.tensor([[-1.0, 0.0, 0.0, 0.0, -1.0],
+                         [0.0, 0.5, 0.0, 0.0, 0.5 * value_coef],
+                         [0.0, 0.0, -1.0, 0.0, entropy_coef],
+                         [0.0, 0.0, 0.0, 1.0, 0.0]], dtype=dtype, device=device)
+
+
 class _CategoricalActorCritic(torch.autograd.Function):
     """``categorical_actor_critic_loss``'s node: the forward takes the loss and its gradients in one pass."""
 
@@ -143,11 +154,7 @@ class _CategoricalActorCritic(torch.autograd.Function):
             negentropy = torch.where(mask, negentropy, 0.0)
         means = torch.stack([logp_taken * advantages, advantages * advantages, negentropy, advantages]).sum((1, 2))
         means = means / count
-        # the terms policy loss, value loss, entropy, mean advantage, and the loss, from the means in one product
-        out = means @ means.new_tensor([[-1.0, 0.0, 0.0, 0.0, -1.0],
-                                        [0.0, 0.5, 0.0, 0.0, 0.5 * value_coef],
-                                        [0.0, 0.0, -1.0, 0.0, entropy_coef],
-                                        [0.0, 0.0, 0.0, 1.0, 0.0]])
+        out = means @ _terms_matrix(value_coef, entropy_coef, means.dtype, means.device)
         weights = advantages / count
         grad_logits = probs * weights.unsqueeze(-1)
         grad_logits.scatter_add_(-1, index, -weights.unsqueeze(-1))  # A (p - onehot(a)) / n

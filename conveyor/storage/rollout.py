@@ -59,9 +59,9 @@ class RolloutStorage:
         ``logp`` None exactly where the schema has no ``behaviour_logp``."""
         if (logp is None) == ("behaviour_logp" in self.data):
             raise ValueError("RolloutStorage.insert: pass logp exactly when the schema has behaviour_logp")
-        # Indexed by t alone where every column is written: it runs at every env step, and a second index
-        # costs as much as the copy.
-        at = t if envs == slice(None) else (t, envs)
+        # Indexed by t alone where every column is written (PAAC's one group passes slice(0, B)): it runs at every
+        # env step, and a second index costs as much as the copy.
+        at = t if envs.indices(self.B) == (0, self.B, 1) else (t, envs)
         fields = (("obs", obs), ("actions", actions), ("behaviour_value", value), ("rewards", rewards),
                   ("discounts", discounts), ("policy_version", version))
         if logp is not None:
