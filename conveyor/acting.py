@@ -288,8 +288,8 @@ def step_targets(model: nn.Module | None, rewards: np.ndarray, terminated: np.nd
     # In numpy, then one copy each to the device: a few 16-element torch ops cost more than the whole step.
     # float32 throughout (NumPy 2 keeps a Python float weak), so the numbers are those of the same ops in torch.
     reward = np.array(rewards, dtype=np.float32)  # a copy: the caller's array stays
-    discount = gamma * (1.0 - np.asarray(terminated, dtype=np.float32))
-    cut = np.flatnonzero(truncated & ~terminated)
+    discount = np.where(terminated, np.float32(0.0), np.float32(gamma))  # gamma * (1 - terminated), in one op
+    cut = np.flatnonzero(truncated & ~terminated) if truncated.any() else ()
     if len(cut):
         if final_values is None:
             rows = None if core is None else core.rows(torch.as_tensor(cut))

@@ -52,7 +52,9 @@ def to_device(data: np.ndarray | Tensor, device: torch.device | str, dtype: torc
     """
     # A CPU loop calls this several times a step, where as_tensor and ``.to``'s dispatch cost 4 us of numpy's
     # 16 floats, from_numpy 0.6 us.
-    if dtype is None and type(data) is np.ndarray and data.flags.writeable and data.dtype.isnative:
+    if isinstance(data, Tensor):  # as_tensor would return it too, through a dispatched op
+        tensor = data if dtype is None else data.to(dtype)
+    elif dtype is None and type(data) is np.ndarray and data.flags.writeable and data.dtype.isnative:
         tensor = torch.from_numpy(data)
     else:
         tensor = torch.as_tensor(data, dtype=dtype)

@@ -81,9 +81,10 @@ class Categorical:
         elif uniform.dtype != torch.float32:
             uniform = uniform.float()
         # the number of cumulative probabilities below the uniform: cdf never decreases, so that is the first index
-        # where it reaches the uniform (one op, where a comparison and a bool sum take two slower ones)
-        action = torch.searchsorted(probs.cumsum(-1), uniform.unsqueeze(-1)).squeeze(-1)
-        return action.clamp_(max=self.num_actions - 1)
+        # where it reaches the uniform (one op, where a comparison and a bool sum take two slower ones); counted
+        # among the first A - 1 only, so that rounding which leaves the total under the uniform picks the last
+        # action without a clamp
+        return torch.searchsorted(probs[..., :-1].cumsum(-1), uniform.unsqueeze(-1)).squeeze(-1)
 
     def mode(self, params: Tensor) -> Tensor:
         return params.argmax(-1)
