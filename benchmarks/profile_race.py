@@ -49,8 +49,14 @@ TIME_COLUMNS = ("time_env", "time_act", "time_learn", "time_wait")
 def parse_raw(text: str) -> list[tuple[int, int, list[str], int]]:
     """py-spy's raw (collapsed) stacks: one (root pid, pid, frames root first, samples) per line; the root is
     the process py-spy started, ``pid`` the one sampled (the last of the line's process frames)."""
-    stacks = []
+    lines: list[str] = []
     for line in text.splitlines():
+        if lines and not line.startswith("process "):  # a frame name that held a newline: py-spy, sampling an
+            lines[-1] += " " + line  # import, read a module's docstring as a function name (seen 2026-12-06)
+        else:
+            lines.append(line)
+    stacks = []
+    for line in lines:
         pids, position = [], 0
         while (match := PROCESS_FRAME.match(line, position)) is not None:
             pids.append(int(match.group(1)))

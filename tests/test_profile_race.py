@@ -67,6 +67,15 @@ def test_a_stack_without_its_process_frame_is_refused():
         profile.parse_raw("<module> (x.py:1);f (x.py:2) 3")
 
 
+def test_a_frame_name_that_holds_a_newline_continues_its_stack():
+    """py-spy, sampling an import, can read a module's docstring as a function name: its lines are one stack."""
+    profile = load_benchmark_script("profile_race")
+    raw = 'process 7:"python x.py";<module> (x.py:1);Heads.\nThe second line. (heads.py:1) 2\nprocess 7:"python x.py";f (x.py:2) 3'
+    stacks = profile.parse_raw(raw)
+    assert [(root, pid, count) for root, pid, _, count in stacks] == [(7, 7, 2), (7, 7, 3)]
+    assert stacks[0][2] == ["<module> (x.py:1)", "Heads. The second line. (heads.py:1)"]
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("py-spy", path=str(Path(sys.executable).parent)) is None,
                     reason="py-spy is not installed (make bench-deps)")
