@@ -3,8 +3,8 @@
 ``loss = pg + value_coef * value - entropy_coef * entropy`` with
 ``G_t = r_t + d_t G_{t+1}`` bootstrapped from V(s_T) and advantages ``G_t - V(s_t)``.
 Means run over ``batch["valid"]`` when the batch has it (steps a dead worker lost are false). A categorical
-policy's loss is one op with its gradient written out (``losses.categorical_actor_critic_loss``: the same
-numbers, a fraction of the autograd nodes); a Gaussian's is built from the terms.
+policy's loss is one op with its gradient written out (``losses.categorical_actor_critic_loss``: the terms'
+numbers to rounding, in a fraction of the autograd nodes); a Gaussian's is built from the terms.
 """
 
 from __future__ import annotations
