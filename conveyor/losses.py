@@ -155,17 +155,14 @@ class _CategoricalActorCritic(torch.autograd.Function):
         means = torch.stack([logp_taken * advantages, advantages * advantages, negentropy, advantages]).sum((1, 2))
         means = means / count
         out = means @ _terms_matrix(value_coef, entropy_coef, means.dtype, means.device)
-        weights = advantages / count
-        grad_logits = probs * weights.unsqueeze(-1)
-        grad_logits.scatter_add_(-1, index, -weights.unsqueeze(-1))  # A (p - onehot(a)) / n
-        if entropy_coef:  # + entropy_coef p (logp + H) / n
-            if mask is None:
-                grad_logits.addcmul_(probs, logp - negentropy.unsqueeze(-1), value=entropy_coef / count)
-            else:
-                grad_logits.addcmul_(probs * (entropy_coef / count), logp - negentropy.unsqueeze(-1))
+        grad_logits = probs * advantages.unsqueeze(-1)
+        grad_logits.scatter_add_(-1, index, -advantages.unsqueeze(-1))  # A (p - onehot(a))
+        if entropy_coef:  # + entropy_coef p (logp + H)
+            grad_logits.addcmul_(probs, logp - negentropy.unsqueeze(-1), value=entropy_coef)
+        grad_logits = grad_logits / count
         if mask is not None:
             grad_logits = torch.where(mask.unsqueeze(-1), grad_logits, 0.0)
-        grad_values = weights * -value_coef
+        grad_values = advantages * -value_coef / count
         terms, loss = out[:4], out[4]
         ctx.save_for_backward(grad_logits, grad_values)
         ctx.mark_non_differentiable(terms)

@@ -62,8 +62,9 @@ class Optimizer:
     def step(self) -> None:
         flat = self.flat
         if flat is not None and flat.steps_alike and flat.gather_grads():
-            for param in self.param_groups[0]["params"]:
-                self._state_of(param)
+            if len(self.state) < len(flat.owners):  # the buffer steps every parameter: each gets its state
+                for param in flat.owners:
+                    self._state_of(param)
             flat.steps.add_(1)
             self.update([flat.params], [flat.grads], [flat.rule_state()], self.param_groups[0])
             return
