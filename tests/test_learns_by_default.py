@@ -23,8 +23,8 @@ from tests.fault_env import children
 # policy swings over hundreds of updates (256 envs acting, lr 4e-3), so a policy cut at a fixed budget may be in a
 # dip. Seed 1 cut at 200k, beside two CPU hogs and in CI: peaks 127-275, but the final policy played 11.8, 18.7
 # and 37.7 in evaluation in 3 of 27 runs, with the code before 2026-12-06's changes as with it. Run to 475 (16
-# runs, 14 of seed 1, idle and beside two hogs): solved at 295k-632k steps in 20-39 s, and the final policy
-# played 160-500 (docs/benchmarks-log.md "CI's failure of stop 75").
+# runs, 14 of seed 1, beside two to four hogs): solved at 295k-632k steps in 20-39 s, and the final policy played
+# 160-500 (docs/benchmarks-log.md "CI's failure of stop 75").
 SMOKE = [("paac", 60_000, 100.0), ("hts", 60_000, 100.0), ("ga3c", 60_000, 100.0), ("seed", None, 475.0),
          ("impact", 60_000, 100.0)]
 FINAL_BAR = 44.0
